@@ -1,0 +1,426 @@
+# mypy: allow-untyped-defs
+"""Context managers that also decorate functions of every kind.
+
+A grad-mode context manager used as a decorator must keep its promise for the
+whole body of the function it decorates.  For a plain function that is a
+``with`` block around the call.  A generator, a coroutine or an async
+generator is different: its body runs in *steps*, and between two steps the
+thread runs someone else's code.  Grad mode and inference mode are thread-local
+C++ state, not Python frame state, so a mode set by the body would leak to
+whoever runs next, and a mode set by the caller would leak into the body.
+
+This module therefore treats every suspendable body the same way (the design
+of PR #49017, extended):
+
+* :class:`_BodyMode` holds the grad-mode state one running body sees, and runs
+  each step of that body with that state switched in and the caller's state
+  switched back afterwards -- whatever the step did or raised;
+* :func:`_driver` makes the one step driver: it relays ``send``/``throw``/
+  ``close`` from the caller to the body, one step at a time, through a
+  ``_BodyMode``;
+* thin wrappers make a generator function, a coroutine function or an async
+  generator function of the same kind around it;
+* :func:`context_decorator` picks the wrapper by the kind of function.
+"""
+
+import functools
+import inspect
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any, cast, overload, TypeVar
+from typing_extensions import Self
+
+import torch._C as _C
+from torch._C import _set_grad_enabled, is_grad_enabled, is_inference_mode_enabled
+
+
+# Used for annotating the decorator usage of _DecoratorContextManager (e.g.,
+# 'no_grad' and 'enable_grad').
+# See https://mypy.readthedocs.io/en/latest/generics.html#declaring-decorators
+FuncType = Callable[..., Any]
+F = TypeVar("F", bound=FuncType)
+
+
+# ---------------------------------------------------------------------------
+# How mode state is switched
+# ---------------------------------------------------------------------------
+
+
+class _BodyMode:
+    """The grad-mode state of one suspendable body, switched in around each of its steps.
+
+    The body's state is what it would see running uninterrupted on a thread of
+    its own: at its first step, the caller's state with the decorator's context
+    entered; after that, whatever the body itself left in force when it last
+    suspended (an open ``with torch.enable_grad():`` stays open for it across a
+    ``yield``).  After every step the caller's state is back as it was.
+    """
+
+    __slots__ = ("_ctx_factory", "_reenter", "_grad", "_inference", "_parked")
+
+    def __init__(self, ctx_factory, reenter):
+        self._ctx_factory = ctx_factory
+        # True for context managers whose effect is not captured by grad mode
+        # and inference mode alone: they are entered afresh around every step,
+        # as torch 2.13.0 did for all of them.
+        self._reenter = reenter
+        self._grad = None  # None until the first step has run
+        self._inference = False
+        self._parked = None  # see _fast_step
+
+    def step(self, method, *args):
+        """Run ``method(*args)`` -- one step of the body -- under the body's grad-mode state."""
+        if self._grad is None or self._inference or is_inference_mode_enabled():
+            return self._guarded_step(method, args)
+        return self._fast_step(method, args)
+
+    def _fast_step(self, method, args):
+        # Neither side is in inference mode: switching grad mode is all it takes.
+        caller_grad = is_grad_enabled()
+        _set_grad_enabled(self._grad)
+        try:
+            return self._run(method, args, self._reenter)
+        finally:
+            if self._inference:
+                # The body suspended inside an inference-mode block it opened.
+                # Only an inference-mode guard can leave inference mode: this
+                # one snapshots the body's exact state for its next step and
+                # returns the thread to ordinary mode for the caller.
+                self._parked = _ParkedState()
+            _set_grad_enabled(caller_grad)
+
+    def _guarded_step(self, method, args):
+        first = self._grad is None
+        if first:
+            # The body starts in the caller's state, with the context entered below.
+            self._grad = is_grad_enabled()
+            self._inference = is_inference_mode_enabled()
+        # The guard snapshots the caller's whole grad-mode state -- grad mode,
+        # inference mode and the dispatch keys inference mode toggles -- and
+        # restores it exactly on exit, whatever the body does meanwhile.
+        guard = _C._InferenceMode(self._inference)
+        try:
+            if self._parked is not None:
+                parked, self._parked = self._parked, None
+                parked.restore()
+            elif self._grad is self._inference:
+                # _InferenceMode(x) sets grad mode to ``not x``; the body wants otherwise.
+                _set_grad_enabled(self._grad)
+            return self._run(method, args, first or self._reenter)
+        finally:
+            guard.__exit__(None, None, None)
+
+    def _run(self, method, args, enter_context):
+        try:
+            if enter_context:
+                with self._ctx_factory():
+                    try:
+                        return method(*args)
+                    finally:
+                        # Seen from inside the context, as the body saw it.
+                        self._capture()
+            return method(*args)
+        finally:
+            if not enter_context:
+                self._capture()
+
+    def _capture(self):
+        # Whatever the step did -- suspend, return or raise -- what is in
+        # force now is the body's state for its next step.
+        self._grad = is_grad_enabled()
+        self._inference = is_inference_mode_enabled()
+
+
+class _ParkedState:
+    """A suspended body's exact grad-mode state, held by an inference-mode guard.
+
+    Made only when a body suspends inside an inference-mode block that it
+    opened while its caller was not in inference mode (see
+    ``_BodyMode._fast_step``).  ``torch._C._InferenceMode`` engages when it is
+    created and, when it is exited or destroyed, forces the thread back to the
+    state it found: here, the body's.  Creating it leaves the thread in
+    ordinary mode for the caller.
+    """
+
+    __slots__ = ("_guard",)
+
+    def __init__(self):
+        self._guard = _C._InferenceMode(False)
+
+    def restore(self):
+        """Force the body's state back; the caller's must already be saved."""
+        guard, self._guard = self._guard, None
+        guard.__exit__(None, None, None)
+
+    def __del__(self):
+        # A body dropped while parked must not force its state onto whatever
+        # code the collector interrupts: restore it inside a guard that puts
+        # the current state straight back.
+        if self._guard is not None:
+            around = _C._InferenceMode(is_inference_mode_enabled())
+            try:
+                self.restore()
+            finally:
+                around.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# One step driver shared by every suspendable kind
+# ---------------------------------------------------------------------------
+
+
+def _driver(start):
+    """Return a generator function that runs a body step by step under its mode.
+
+    ``start(*args, **kwargs)`` returns ``(mode, body)``: a :class:`_BodyMode`
+    and anything with the generator protocol -- a generator, a coroutine, or
+    the awaitable of one ``asend``/``athrow``/``aclose`` of an async generator.
+    The driver relays its caller's ``send``/``throw``/``close`` to the body,
+    each as one ``mode.step``.  It is the wrapper itself (not something the
+    wrapper delegates to with ``yield from``), so that a generator that
+    ignores ``GeneratorExit`` stays suspended, and resumable, as it would
+    undecorated.
+    """
+
+    def drive(*args, **kwargs):
+        mode, body = start(*args, **kwargs)
+        try:
+            # A new body is started by sending it None.
+            response = mode.step(body.send, None)
+            while True:
+                try:
+                    # Hand the body's value to our caller, outside the body's
+                    # mode, and wait for the caller's next request.
+                    request = yield response
+                except BaseException as exc:
+                    # The caller threw into us, or closed us (GeneratorExit).
+                    thrown = exc
+                else:
+                    # The caller sent a value (``next`` sends None): resume the body.
+                    response = mode.step(body.send, request)
+                    continue
+                # Deliver the exception where the body is suspended, in its
+                # mode: its ``except`` and ``finally`` blocks and ``with``
+                # exits see what they would undecorated.  GeneratorExit goes
+                # the same way, so a body that yields in response makes our
+                # caller's close() fail as it would for the body.  Thrown from
+                # outside the ``except`` block, so that what the body raises
+                # gets no __context__ it would not have undecorated, and with
+                # the one-argument ``throw``: the exception carries its own
+                # traceback, and the three-argument form is deprecated since
+                # Python 3.12.
+                try:
+                    response = mode.step(body.throw, thrown)
+                finally:
+                    # The exception's traceback holds this frame: drop the cycle.
+                    del thrown
+        except StopIteration as stop:
+            # The body returned: return its value too (PEP 380).
+            return stop.value
+
+    return drive
+
+
+# Drives one asend/athrow/aclose awaitable of an async generator; awaitable.
+_drive_awaitable = types.coroutine(_driver(lambda mode, awaitable: (mode, awaitable)))
+
+
+# ---------------------------------------------------------------------------
+# Thin wrappers, one per kind of function
+# ---------------------------------------------------------------------------
+
+
+def _wrap_generator(ctx_factory, func, *, reenter=True):
+    """Wrap generator function *func* so each step of its body runs under ``ctx_factory()``.
+
+    *ctx_factory* must return a fresh context manager on each call, so that
+    one-shot context managers work.
+    """
+
+    def start(*args, **kwargs):
+        return _BodyMode(ctx_factory, reenter), func(*args, **kwargs)
+
+    generator_context = functools.wraps(func)(_driver(start))
+    code = getattr(func, "__code__", None)
+    if code is not None and code.co_flags & inspect.CO_ITERABLE_COROUTINE:
+        # A ``@types.coroutine`` generator is awaitable; stay awaitable.
+        generator_context = types.coroutine(generator_context)
+    return generator_context
+
+
+def _wrap_coroutine(ctx_factory, func, *, reenter=True):
+    """Wrap coroutine function *func* so each step of its body runs under ``ctx_factory()``."""
+
+    def start(*args, **kwargs):
+        awaitable = func(*args, **kwargs)
+        # A native coroutine has the generator protocol itself; any other
+        # awaitable (from a function merely marked as a coroutine function)
+        # is driven through its ``__await__`` iterator.
+        if not isinstance(awaitable, types.CoroutineType):
+            awaitable = awaitable.__await__()
+        return _BodyMode(ctx_factory, reenter), awaitable
+
+    drive = types.coroutine(_driver(start))
+
+    @functools.wraps(func)
+    async def coroutine_context(*args, **kwargs):
+        return await drive(*args, **kwargs)
+
+    return coroutine_context
+
+
+def _wrap_async_generator(ctx_factory, func, *, reenter=True):
+    """Wrap async generator function *func* so each step of its body runs under ``ctx_factory()``."""
+
+    @functools.wraps(func)
+    async def async_generator_context(*args, **kwargs):
+        mode = _BodyMode(ctx_factory, reenter)
+        agen = func(*args, **kwargs)
+        # The body runs only inside the awaitables of asend/athrow/aclose;
+        # each is driven step by step through the same body mode.
+        pending = agen.asend(None)
+        while True:
+            try:
+                value = await _drive_awaitable(mode, pending)
+            except StopAsyncIteration:
+                return
+            finally:
+                # An athrow awaitable holds the thrown exception, whose
+                # traceback holds this frame: drop the cycle.
+                pending = None
+            try:
+                request = yield value
+            except GeneratorExit:
+                # aclose(), or finalisation by the event loop's hooks.
+                await _drive_awaitable(mode, agen.aclose())
+                raise
+            except BaseException as exc:
+                # Thrown later, from outside this ``except`` block, for the
+                # same reason as in _driver.
+                pending = agen.athrow(exc)
+            else:
+                pending = agen.asend(request)
+
+    return async_generator_context
+
+
+def _wrap_function(ctx_factory, func):
+    """Wrap plain function *func* in a ``with ctx_factory():`` block."""
+
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        with ctx_factory():
+            return func(*args, **kwargs)
+
+    return decorate_context
+
+
+# ---------------------------------------------------------------------------
+# Dispatch by kind
+# ---------------------------------------------------------------------------
+
+
+def context_decorator(ctx, func, *, reenter=True):
+    """Decorate *func* with context manager *ctx*, like :class:`contextlib.ContextDecorator`.
+
+    It differs from the standard library in that it
+
+    1. wraps instead of inheriting, so context managers written in C work;
+    2. runs each step of a generator, coroutine or async generator under the
+       context, and never the caller's code between steps (c.f.
+       https://bugs.python.org/issue37743), keeping the function's kind;
+    3. refuses classes, where it is unclear whether only the constructor or
+       every method was meant.
+
+    :param ctx: a context manager that can be entered any number of times, or
+        a callable returning a fresh context manager each time.
+    :param func: the function to decorate.
+    :param reenter: whether each step of a suspendable body enters a fresh
+        context; False is only for context managers whose whole effect is to
+        set grad mode and inference mode, which are then carried from step to
+        step instead.
+    """
+    if callable(ctx) and hasattr(ctx, "__enter__"):
+        raise AssertionError(
+            f"{ctx!r} is both callable and a context manager (it has __enter__), "
+            "so it is unclear which to use. Pass context_decorator(lambda: ctx()) "
+            "for a factory of context managers, or context_decorator(lambda: ctx) "
+            "for the context manager itself."
+        )
+    ctx_factory = ctx if callable(ctx) else (lambda: ctx)
+
+    if inspect.isclass(func):
+        raise RuntimeError(
+            "Cannot decorate classes: it is unclear whether the context should "
+            "apply to the constructor alone or to every method, and decorating "
+            "a class where it is defined would stop it from being used as a "
+            "type. Decorate the methods that need it instead."
+        )
+    if isinstance(func, (staticmethod, classmethod)):
+        # Decorate the function inside and keep the method kind.
+        return type(func)(context_decorator(ctx, func.__func__, reenter=reenter))
+    if not callable(func):
+        raise TypeError(
+            f"a context manager can only decorate a function or other callable, "
+            f"not {type(func).__name__} {func!r}"
+        )
+
+    if inspect.isasyncgenfunction(func):
+        return _wrap_async_generator(ctx_factory, func, reenter=reenter)
+    if inspect.iscoroutinefunction(func):
+        return _wrap_coroutine(ctx_factory, func, reenter=reenter)
+    if inspect.isgeneratorfunction(func):
+        return _wrap_generator(ctx_factory, func, reenter=reenter)
+    return _wrap_function(ctx_factory, func)
+
+
+class _DecoratorContextManager:
+    """Allow a context manager to be used as a decorator."""
+
+    # Set to True by context managers whose whole effect is to set grad mode
+    # and inference mode (see context_decorator's ``reenter``).  Only the class
+    # that sets it gets it: a subclass may do more in __enter__.
+    _only_sets_grad_mode = False
+
+    def __call__(self, orig_func: F) -> F:
+        if inspect.isclass(orig_func):
+            warnings.warn(
+                "Decorating classes is deprecated and will be disabled in "
+                "future versions: decorate functions or methods only. To keep "
+                "what class decoration does today, decorate the class's "
+                "`__init__` method alone.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            func = cast(F, lambda *args, **kwargs: orig_func(*args, **kwargs))
+        else:
+            func = orig_func
+
+        reenter = not type(self).__dict__.get("_only_sets_grad_mode", False)
+        return cast(F, context_decorator(self.clone, func, reenter=reenter))
+
+    def __enter__(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        raise NotImplementedError
+
+    def clone(self):
+        """Return a fresh copy of this context manager; override if ``__init__`` takes arguments."""
+        return self.__class__()
+
+
+class _NoParamDecoratorContextManager(_DecoratorContextManager):
+    """Allow a context manager to be used as a decorator without parentheses."""
+
+    @overload
+    def __new__(cls, orig_func: F) -> F: ...  # type: ignore[misc]
+    @overload
+    def __new__(cls, orig_func: None = None) -> Self: ...
+
+    def __new__(cls, orig_func: F | None = None) -> Self | F:  # type: ignore[misc]
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
