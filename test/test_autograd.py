@@ -14,14 +14,11 @@ docs/source/notes/grad_mode_suspend.rst):
   an oracle that runs the undecorated body on a thread of its own.
 """
 
-import functools
 import inspect
 import os
 import random
 import subprocess
 import sys
-import textwrap
-import threading
 import traceback
 
 import torch

@@ -25,7 +25,6 @@ of PR #49017, extended):
 
 import functools
 import inspect
-import sys
 import types
 import warnings
 from collections.abc import Callable
