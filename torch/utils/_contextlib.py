@@ -112,24 +112,20 @@ class _BodyMode:
             guard.__exit__(None, None, None)
 
     def _run(self, method, args, enter_context):
+        if not enter_context:
+            return self._capture(method, args)
+        with self._ctx_factory():
+            return self._capture(method, args)
+
+    def _capture(self, method, args):
         try:
-            if enter_context:
-                with self._ctx_factory():
-                    try:
-                        return method(*args)
-                    finally:
-                        # Seen from inside the context, as the body saw it.
-                        self._capture()
             return method(*args)
         finally:
-            if not enter_context:
-                self._capture()
-
-    def _capture(self):
-        # Whatever the step did -- suspend, return or raise -- what is in
-        # force now is the body's state for its next step.
-        self._grad = is_grad_enabled()
-        self._inference = is_inference_mode_enabled()
+            # Whatever the step did -- suspend, return or raise -- what is in
+            # force now (inside the context, as the body saw it) is the
+            # body's state for its next step.
+            self._grad = is_grad_enabled()
+            self._inference = is_inference_mode_enabled()
 
 
 class _ParkedState:
@@ -165,6 +161,23 @@ class _ParkedState:
                 around.__exit__(None, None, None)
 
 
+def _forget_step_locals(tb):
+    """Clear the locals of the finished ``_BodyMode`` frames in traceback *tb*."""
+    while tb is not None:
+        if tb.tb_frame.f_code in _STEP_CODES:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # still executing: not one of ours to clear
+                pass
+        tb = tb.tb_next
+
+
+_STEP_CODES = frozenset(
+    method.__code__
+    for method in (_BodyMode.step, _BodyMode._fast_step, _BodyMode._guarded_step, _BodyMode._run, _BodyMode._capture)
+)
+
+
 # ---------------------------------------------------------------------------
 # One step driver shared by every suspendable kind
 # ---------------------------------------------------------------------------
@@ -185,6 +198,9 @@ def _driver(start):
 
     def drive(*args, **kwargs):
         mode, body = start(*args, **kwargs)
+        # The arguments may hold an exception (an athrow awaitable does),
+        # whose traceback would hold this frame: keep no reference.
+        del args, kwargs
         try:
             # A new body is started by sending it None.
             response = mode.step(body.send, None)
@@ -213,11 +229,18 @@ def _driver(start):
                 try:
                     response = mode.step(body.throw, thrown)
                 finally:
-                    # The exception's traceback holds this frame: drop the cycle.
                     del thrown
         except StopIteration as stop:
             # The body returned: return its value too (PEP 380).
             return stop.value
+        except BaseException as exc:
+            # The exception's traceback holds this frame and the finished
+            # frames of the step that raised it, which hold the body and,
+            # after a throw, the exception itself: break those cycles so
+            # that dropping the exception frees everything at once.
+            body = None
+            _forget_step_locals(exc.__traceback__)
+            raise
 
     return drive
 
