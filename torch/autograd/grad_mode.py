@@ -80,19 +80,27 @@ class no_grad(_NoParamDecoratorContextManager):
         True
     """
 
-    _only_sets_grad_mode = True
-
     def __init__(self) -> None:
-        if not torch._jit_internal.is_scripting():
-            super().__init__()
+        # Declares ``prev`` for TorchScript, which compiles this class.
         self.prev = False
 
     def __enter__(self) -> None:
         self.prev = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
+        if torch._jit_internal.is_scripting():
+            torch.set_grad_enabled(False)
+        else:
+            # The C function directly: torch.set_grad_enabled builds another
+            # context manager object, which TorchScript needs and eager does not.
+            torch._C._set_grad_enabled(False)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        torch.set_grad_enabled(self.prev)
+        if torch._jit_internal.is_scripting():
+            torch.set_grad_enabled(self.prev)
+        else:
+            torch._C._set_grad_enabled(self.prev)
+
+    def _grad_mode_effect(self):
+        return ("grad", False)
 
 
 class enable_grad(_NoParamDecoratorContextManager):
@@ -138,14 +146,15 @@ class enable_grad(_NoParamDecoratorContextManager):
         True
     """
 
-    _only_sets_grad_mode = True
-
     def __enter__(self) -> None:
         self.prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(True)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         torch._C._set_grad_enabled(self.prev)
+
+    def _grad_mode_effect(self):
+        return ("grad", True)
 
 
 class set_grad_enabled(_DecoratorContextManager):
@@ -189,8 +198,6 @@ class set_grad_enabled(_DecoratorContextManager):
         True
     """
 
-    _only_sets_grad_mode = True
-
     def __init__(self, mode: bool) -> None:
         self.prev = torch.is_grad_enabled()
         self.mode = mode
@@ -217,6 +224,9 @@ class set_grad_enabled(_DecoratorContextManager):
     def clone(self) -> "set_grad_enabled":
         r"""Return a new ``set_grad_enabled`` with the same mode."""
         return self.__class__(self.mode)
+
+    def _grad_mode_effect(self):
+        return ("grad", self.mode)
 
 
 class inference_mode(_DecoratorContextManager):
@@ -282,8 +292,6 @@ class inference_mode(_DecoratorContextManager):
         (True, True, False)
     """
 
-    _only_sets_grad_mode = True
-
     def __init__(self, mode: bool = True) -> None:
         if not torch._jit_internal.is_scripting():
             super().__init__()
@@ -305,6 +313,9 @@ class inference_mode(_DecoratorContextManager):
     def clone(self) -> "inference_mode":
         r"""Return a new ``inference_mode`` with the same mode."""
         return self.__class__(self.mode)
+
+    def _grad_mode_effect(self):
+        return ("inference", self.mode)
 
 
 def _enter_inference_mode(mode):

@@ -57,7 +57,7 @@ class _BodyMode:
     ``yield``).  After every step the caller's state is back as it was.
     """
 
-    __slots__ = ("_ctx_factory", "_reenter", "_grad", "_inference", "_parked")
+    __slots__ = ("_ctx_factory", "_reenter", "_grad", "_inference", "_fast", "_parked")
 
     def __init__(self, ctx_factory, reenter):
         self._ctx_factory = ctx_factory
@@ -65,32 +65,36 @@ class _BodyMode:
         # and inference mode alone: they are entered afresh around every step,
         # as torch 2.13.0 did for all of them.
         self._reenter = reenter
-        self._grad = None  # None until the first step has run
-        self._inference = False
-        self._parked = None  # see _fast_step
+        self._grad = None  # the body's grad mode; None until its first step
+        self._inference = False  # the body's inference mode
+        # True when the next step may take the fast path: the body has started,
+        # is not in inference mode and needs no context re-entered.
+        self._fast = False
+        self._parked = None  # see _ParkedState
 
-    def step(self, method, *args):
-        """Run ``method(*args)`` -- one step of the body -- under the body's grad-mode state."""
-        if self._grad is None or self._inference or is_inference_mode_enabled():
-            return self._guarded_step(method, args)
-        return self._fast_step(method, args)
-
-    def _fast_step(self, method, args):
-        # Neither side is in inference mode: switching grad mode is all it takes.
+    def step(self, method, arg):
+        """Run ``method(arg)`` -- one step of the body -- under the body's grad-mode state."""
+        if not self._fast or is_inference_mode_enabled():
+            return self._guarded_step(method, arg)
+        # The fast path: neither side is in inference mode, so switching grad
+        # mode is all it takes.  This is the step every generator, coroutine
+        # and async generator takes in the common case; keep it lean.
         caller_grad = is_grad_enabled()
         _set_grad_enabled(self._grad)
         try:
-            return self._run(method, args, self._reenter)
+            return method(arg)
         finally:
-            if self._inference:
-                # The body suspended inside an inference-mode block it opened.
-                # Only an inference-mode guard can leave inference mode: this
-                # one snapshots the body's exact state for its next step and
-                # returns the thread to ordinary mode for the caller.
+            self._grad = is_grad_enabled()
+            if is_inference_mode_enabled():
+                # The body is suspended inside (or returned out of) an
+                # inference-mode block it opened: park its state, which takes
+                # the thread out of inference mode for the caller.
+                self._inference = True
+                self._fast = False
                 self._parked = _ParkedState()
             _set_grad_enabled(caller_grad)
 
-    def _guarded_step(self, method, args):
+    def _guarded_step(self, method, arg):
         first = self._grad is None
         if first:
             # The body starts in the caller's state, with the context entered below.
@@ -107,19 +111,17 @@ class _BodyMode:
             elif self._grad is self._inference:
                 # _InferenceMode(x) sets grad mode to ``not x``; the body wants otherwise.
                 _set_grad_enabled(self._grad)
-            return self._run(method, args, first or self._reenter)
+            if first or self._reenter:
+                with self._ctx_factory():
+                    return self._capture(method, arg)
+            return self._capture(method, arg)
         finally:
             guard.__exit__(None, None, None)
+            self._fast = not (self._reenter or self._inference)
 
-    def _run(self, method, args, enter_context):
-        if not enter_context:
-            return self._capture(method, args)
-        with self._ctx_factory():
-            return self._capture(method, args)
-
-    def _capture(self, method, args):
+    def _capture(self, method, arg):
         try:
-            return method(*args)
+            return method(arg)
         finally:
             # Whatever the step did -- suspend, return or raise -- what is in
             # force now (inside the context, as the body saw it) is the
@@ -132,8 +134,8 @@ class _ParkedState:
     """A suspended body's exact grad-mode state, held by an inference-mode guard.
 
     Made only when a body suspends inside an inference-mode block that it
-    opened while its caller was not in inference mode (see
-    ``_BodyMode._fast_step``).  ``torch._C._InferenceMode`` engages when it is
+    opened on the fast path of ``_BodyMode.step``, its caller not being in
+    inference mode.  ``torch._C._InferenceMode`` engages when it is
     created and, when it is exited or destroyed, forces the thread back to the
     state it found: here, the body's.  Creating it leaves the thread in
     ordinary mode for the caller.
@@ -173,8 +175,7 @@ def _forget_step_locals(tb):
 
 
 _STEP_CODES = frozenset(
-    method.__code__
-    for method in (_BodyMode.step, _BodyMode._fast_step, _BodyMode._guarded_step, _BodyMode._run, _BodyMode._capture)
+    method.__code__ for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture)
 )
 
 
@@ -328,15 +329,58 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
     return async_generator_context
 
 
-def _wrap_function(ctx_factory, func):
-    """Wrap plain function *func* in a ``with ctx_factory():`` block."""
+def _wrap_function(ctx_factory, func, effect=None):
+    """Wrap plain function *func* in a ``with ctx_factory():`` block.
+
+    With a known grad-mode *effect* (see :meth:`_DecoratorContextManager._grad_mode_effect`)
+    the mode is switched directly, without building a context manager per
+    call; under Dynamo the ``with`` form is kept, as Dynamo models it.
+    """
+    if effect is None:
+
+        @functools.wraps(func)
+        def decorate_context(*args, **kwargs):
+            with ctx_factory():
+                return func(*args, **kwargs)
+
+        return decorate_context
+
+    kind, mode = effect
+    if kind == "grad":
+
+        @functools.wraps(func)
+        def decorate_context(*args, **kwargs):
+            if _is_dynamo_compiling():
+                with ctx_factory():
+                    return func(*args, **kwargs)
+            prev = is_grad_enabled()
+            _set_grad_enabled(mode)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _set_grad_enabled(prev)
+
+        return decorate_context
 
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
-        with ctx_factory():
+        if _is_dynamo_compiling():
+            with ctx_factory():
+                return func(*args, **kwargs)
+        with _C._InferenceMode(mode):
             return func(*args, **kwargs)
 
     return decorate_context
+
+
+def _is_dynamo_compiling():
+    # Bound on first use: torch.compiler is not importable while torch.autograd,
+    # which imports this module, is still initialising.
+    global _is_dynamo_compiling
+    from torch.compiler import is_dynamo_compiling
+
+    _is_dynamo_compiling = is_dynamo_compiling
+    return is_dynamo_compiling()
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +388,7 @@ def _wrap_function(ctx_factory, func):
 # ---------------------------------------------------------------------------
 
 
-def context_decorator(ctx, func, *, reenter=True):
+def context_decorator(ctx, func, *, effect=None):
     """Decorate *func* with context manager *ctx*, like :class:`contextlib.ContextDecorator`.
 
     It differs from the standard library in that it
@@ -359,10 +403,11 @@ def context_decorator(ctx, func, *, reenter=True):
     :param ctx: a context manager that can be entered any number of times, or
         a callable returning a fresh context manager each time.
     :param func: the function to decorate.
-    :param reenter: whether each step of a suspendable body enters a fresh
-        context; False is only for context managers whose whole effect is to
-        set grad mode and inference mode, which are then carried from step to
-        step instead.
+    :param effect: ``("grad", mode)`` or ``("inference", mode)`` when the
+        context's whole effect is to set grad mode or inference mode to
+        *mode*; the wrappers then switch the mode themselves and carry the
+        body's own mode from step to step.  ``None`` (any other context) enters
+        a fresh context around every call and every step.
     """
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(
@@ -382,29 +427,25 @@ def context_decorator(ctx, func, *, reenter=True):
         )
     if isinstance(func, (staticmethod, classmethod)):
         # Decorate the function inside and keep the method kind.
-        return type(func)(context_decorator(ctx, func.__func__, reenter=reenter))
+        return type(func)(context_decorator(ctx, func.__func__, effect=effect))
     if not callable(func):
         raise TypeError(
             f"a context manager can only decorate a function or other callable, "
             f"not {type(func).__name__} {func!r}"
         )
 
+    reenter = effect is None
     if inspect.isasyncgenfunction(func):
         return _wrap_async_generator(ctx_factory, func, reenter=reenter)
     if inspect.iscoroutinefunction(func):
         return _wrap_coroutine(ctx_factory, func, reenter=reenter)
     if inspect.isgeneratorfunction(func):
         return _wrap_generator(ctx_factory, func, reenter=reenter)
-    return _wrap_function(ctx_factory, func)
+    return _wrap_function(ctx_factory, func, effect)
 
 
 class _DecoratorContextManager:
     """Allow a context manager to be used as a decorator."""
-
-    # Set to True by context managers whose whole effect is to set grad mode
-    # and inference mode (see context_decorator's ``reenter``).  Only the class
-    # that sets it gets it: a subclass may do more in __enter__.
-    _only_sets_grad_mode = False
 
     def __call__(self, orig_func: F) -> F:
         if inspect.isclass(orig_func):
@@ -420,8 +461,11 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        reenter = not type(self).__dict__.get("_only_sets_grad_mode", False)
-        return cast(F, context_decorator(self.clone, func, reenter=reenter))
+        # Only the class that defines _grad_mode_effect is trusted with it: a
+        # subclass may do more in __enter__ than its parent did.
+        describe = type(self).__dict__.get("_grad_mode_effect")
+        effect = describe(self) if describe is not None else None
+        return cast(F, context_decorator(self.clone, func, effect=effect))
 
     def __enter__(self) -> None:
         raise NotImplementedError
@@ -432,6 +476,14 @@ class _DecoratorContextManager:
     def clone(self):
         """Return a fresh copy of this context manager; override if ``__init__`` takes arguments."""
         return self.__class__()
+
+    def _grad_mode_effect(self):
+        """``("grad", mode)`` or ``("inference", mode)`` if entering only sets that mode, else None.
+
+        A subclass defines this to let decorated functions switch the mode
+        directly and carry a suspended body's own mode from step to step.
+        """
+        return None
 
 
 class _NoParamDecoratorContextManager(_DecoratorContextManager):
