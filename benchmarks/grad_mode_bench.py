@@ -1,0 +1,316 @@
+"""Overhead of the grad-mode decorators, against the hand-written limit and stock torch 2.13.0.
+
+For each decorator (``no_grad()``, ``enable_grad()``, ``set_grad_enabled(False)``,
+``inference_mode()``) and each use -- a decorated call, a ``with`` block, a
+generator step, a coroutine step, an async-generator step -- it measures, in
+nanoseconds per operation:
+
+(a) ``bare``: the operation with no mode switching at all;
+(b) ``limit``: the least any correct wrapper must do, written inline in the same
+    process -- read the grad mode, set it with ``torch._C._set_grad_enabled``,
+    run, restore (for ``inference_mode``: a ``torch._C._InferenceMode`` guard);
+(c) ``patched``: this checkout's decorator;
+(d) ``stock``: stock torch 2.13.0's decorator (``TORCH_GRADMODE_OVERLAY=0``).
+
+Every trial runs one worker subprocess for this checkout and one for stock, in
+alternating order, and the report gives medians over the trials of:
+
+* overhead ratio ``(c - a) / (b - a)``: 1.0 is the limit;
+* speed-up ``(d - a) / (c - a)``: how much less overhead than stock;
+* noise: the spread (max/min) of ``bare`` across trials.
+
+Then memory: bytes per suspended decorated generator and coroutine
+(tracemalloc), and the cost of a generator step with 1 and with 100,000
+suspended decorated generators alive.
+
+    python benchmarks/grad_mode_bench.py            # full run, a few minutes
+    python benchmarks/grad_mode_bench.py --smoke    # seconds; what CI runs
+"""
+
+import argparse
+import asyncio  # noqa: F401 -- imported by the worker for a fair start-up
+import json
+import os
+import statistics
+import subprocess
+import sys
+import timeit
+import tracemalloc
+
+DECORATORS = ["no_grad()", "enable_grad()", "set_grad_enabled(False)", "inference_mode()"]
+USES = ["call", "with", "generator step", "coroutine step", "async-generator step"]
+
+
+# ---------------------------------------------------------------------------
+# Worker: measures one torch (whatever ``import torch`` gives in this process)
+# ---------------------------------------------------------------------------
+
+
+class _Suspend:
+    """An awaitable that suspends its awaiter once, like a loop's ``sleep(0)``."""
+
+    __slots__ = ()
+
+    def __await__(self):
+        yield
+
+
+def _noop():
+    pass
+
+
+def _gen():
+    while True:
+        yield
+
+
+async def _coro(k):
+    suspend = _Suspend()
+    for _ in range(k):
+        await suspend
+
+
+async def _agen(k):
+    suspend = _Suspend()
+    for i in range(k):
+        await suspend
+        yield i
+
+
+def _decorator(torch, name):
+    return {
+        "no_grad()": lambda: torch.no_grad(),
+        "enable_grad()": lambda: torch.enable_grad(),
+        "set_grad_enabled(False)": lambda: torch.set_grad_enabled(False),
+        "inference_mode()": lambda: torch.inference_mode(),
+    }[name]
+
+
+def _best(fn, number, repeat):
+    """Best per-call time of ``fn()`` in ns (the minimum is the least noisy estimate)."""
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e9
+
+
+def _measure_decorator(torch, name, number, repeat):
+    C = torch._C
+    ge, sg = C.is_grad_enabled, C._set_grad_enabled
+    make = _decorator(torch, name)
+    inference = name.startswith("inference")
+    # The grad mode the decorator sets; enable_grad is measured from no_grad so
+    # that every switch really changes the mode.
+    target = name == "enable_grad()"
+    outer = C._set_grad_enabled(False) if target else None  # noqa: F841
+
+    def limit_around(op):
+        if inference:
+            def run():
+                with C._InferenceMode(True):
+                    op()
+        else:
+            def run():
+                prev = ge()
+                sg(target)
+                op()
+                sg(prev)
+        return run
+
+    out = {}
+
+    # A decorated call.
+    decorated = make()(_noop)
+    out["call"] = (_best(_noop, number, repeat), _best(limit_around(_noop), number, repeat),
+                   _best(decorated, number, repeat))
+
+    # A with block.
+    def with_block():
+        with make():
+            _noop()
+    out["with"] = (out["call"][0], out["call"][1], _best(with_block, number, repeat))
+
+    # A generator step.
+    bare_it, dec_it = _gen(), make()(_gen)()
+    next(bare_it), next(dec_it)
+    bare_next = bare_it.__next__
+    dec_next = dec_it.__next__
+    out["generator step"] = (_best(bare_next, number, repeat), _best(limit_around(bare_next), number, repeat),
+                             _best(dec_next, number, repeat))
+
+    # A coroutine step: one send to a coroutine that awaits k times.
+    k = max(number // 10, 10)
+
+    def drive(coro, around=None):
+        send = coro.send
+        try:
+            while True:
+                if around is None:
+                    send(None)
+                else:
+                    around(send)
+        except StopIteration:
+            pass
+
+    def around_step(send):
+        if inference:
+            with C._InferenceMode(True):
+                send(None)
+        else:
+            prev = ge()
+            sg(target)
+            send(None)
+            sg(prev)
+
+    dec_coro = make()(_coro)
+    steps = k + 1
+    out["coroutine step"] = (
+        _best(lambda: drive(_coro(k)), 1, repeat) / steps,
+        _best(lambda: drive(_coro(k), around_step), 1, repeat) / steps,
+        _best(lambda: drive(dec_coro(k)), 1, repeat) / steps,
+    )
+
+    # An async-generator step: each send to an __anext__ awaitable (two per item).
+    dec_agen = make()(_agen)
+
+    def drive_agen(agen, around=None):
+        for _ in range(k):
+            drive(agen.__anext__(), around)
+        try:
+            agen.__anext__().send(None)
+        except StopAsyncIteration:
+            pass
+
+    steps = 2 * k + 1
+    out["async-generator step"] = (
+        _best(lambda: drive_agen(_agen(k)), 1, repeat) / steps,
+        _best(lambda: drive_agen(_agen(k), around_step), 1, repeat) / steps,
+        _best(lambda: drive_agen(dec_agen(k)), 1, repeat) / steps,
+    )
+    C._set_grad_enabled(True)
+    return out
+
+
+def _measure_memory(torch, count):
+    """Bytes per suspended decorated generator and coroutine."""
+    out = {}
+    for kind, func in (("generator", _gen), ("coroutine", _coro)):
+        decorated = torch.no_grad()(func)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        alive = []
+        for _ in range(count):
+            it = decorated() if kind == "generator" else decorated(10)
+            it.send(None)
+            alive.append(it)
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        out[kind] = (after - before) / count
+        for it in alive:
+            it.close()
+    return out
+
+
+def _measure_scaling(torch, alive_count, number, repeat):
+    """Step cost of one decorated generator with 1 and with *alive_count* others suspended."""
+    decorated = torch.no_grad()(_gen)
+    it = decorated()
+    next(it)
+    alone = _best(it.__next__, number, repeat)
+    others = [decorated() for _ in range(alive_count)]
+    for other in others:
+        next(other)
+    crowded = _best(it.__next__, number, repeat)
+    return {"1": alone, str(alive_count): crowded}
+
+
+def worker(number, repeat, memory_count, alive_count):
+    import torch
+
+    result = {
+        "source": os.path.realpath(torch.utils._contextlib.__file__),
+        "times": {name: _measure_decorator(torch, name, number, repeat) for name in DECORATORS},
+        "memory": _measure_memory(torch, memory_count),
+        "scaling": _measure_scaling(torch, alive_count, number, repeat),
+    }
+    json.dump(result, sys.stdout)
+
+
+# ---------------------------------------------------------------------------
+# Driver: alternating subprocesses, medians, report
+# ---------------------------------------------------------------------------
+
+
+def _run_worker(stock, args):
+    env = dict(os.environ)
+    if stock:
+        env["TORCH_GRADMODE_OVERLAY"] = "0"
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--number", str(args.number),
+           "--repeat", str(args.repeat), "--memory-count", str(args.memory_count),
+           "--alive-count", str(args.alive_count)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--number", type=int, default=20000, help="operations per timing")
+    parser.add_argument("--repeat", type=int, default=5, help="timings per measurement (best kept)")
+    parser.add_argument("--memory-count", type=int, default=10000)
+    parser.add_argument("--alive-count", type=int, default=100000)
+    parser.add_argument("--smoke", action="store_true", help="tiny run, to check the script works")
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.trials, args.number, args.repeat, args.memory_count, args.alive_count = 1, 500, 2, 200, 1000
+    if args.worker:
+        worker(args.number, args.repeat, args.memory_count, args.alive_count)
+        return 0
+
+    runs = {"patched": [], "stock": []}
+    for trial in range(args.trials):
+        order = ("patched", "stock") if trial % 2 == 0 else ("stock", "patched")
+        for variant in order:
+            runs[variant].append(_run_worker(variant == "stock", args))
+    if runs["patched"][0]["source"] == runs["stock"][0]["source"]:
+        print("warning: patched and stock loaded the same _contextlib.py; is the patch installed?")
+
+    def med(values):
+        return statistics.median(values)
+
+    print(f"grad-mode decorator overhead: {args.trials} trial(s), medians; ns per operation")
+    print(f"{'decorator':25} {'use':21} {'bare':>7} {'limit':>7} {'patched':>8} {'stock':>8}"
+          f" {'ratio(c)':>9} {'ratio(d)':>9} {'speed-up':>9}")
+    table = {}
+    for name in DECORATORS:
+        for use in USES:
+            bare = med([r["times"][name][use][0] for r in runs["patched"]])
+            limit = med([r["times"][name][use][1] for r in runs["patched"]])
+            ours = med([r["times"][name][use][2] for r in runs["patched"]])
+            stock = med([r["times"][name][use][2] for r in runs["stock"]])
+            lim_over = max(limit - bare, 1e-9)
+            ratio_ours = (ours - bare) / lim_over
+            ratio_stock = (stock - bare) / lim_over
+            speed_up = (stock - bare) / max(ours - bare, 1e-9)
+            table[(name, use)] = (bare, limit, ours, stock, ratio_ours, ratio_stock, speed_up)
+            print(f"{name:25} {use:21} {bare:7.0f} {limit:7.0f} {ours:8.0f} {stock:8.0f}"
+                  f" {ratio_ours:8.2f}x {ratio_stock:8.2f}x {speed_up:8.2f}x")
+    bares = [r["times"]["no_grad()"]["call"][0] for r in runs["patched"] + runs["stock"]]
+    print(f"\nnoise: bare call {min(bares):.0f}..{max(bares):.0f} ns across runs "
+          f"(spread {max(bares) / min(bares):.2f}x)")
+    for kind in ("generator", "coroutine"):
+        ours = med([r["memory"][kind] for r in runs["patched"]])
+        stock = med([r["memory"][kind] for r in runs["stock"]])
+        print(f"memory per suspended @no_grad {kind}: patched {ours:.0f} B, stock {stock:.0f} B")
+    for variant in ("patched", "stock"):
+        alone = med([r["scaling"]["1"] for r in runs[variant]])
+        crowded = med([r["scaling"][str(args.alive_count)] for r in runs[variant]])
+        print(f"{variant} generator step with 1 / {args.alive_count} suspended alive: "
+              f"{alone:.0f} / {crowded:.0f} ns")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
