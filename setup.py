@@ -85,7 +85,10 @@ setup(
     version="0.1.0",
     description="Suspend-aware grad-mode decorators for torch 2.13 (generators, coroutines, async generators)",
     python_requires=">=3.10",
-    package_dir={"": "overlay"},
+    package_dir={"": "overlay", "torch_gradmode_lint": "lint"},
     py_modules=["_torch_gradmode_overlay"],
+    packages=["torch_gradmode_lint"],
+    # flake8 picks up the TGM checker (yield/await inside a grad-mode ``with``).
+    entry_points={"flake8.extension": ["TGM = torch_gradmode_lint.flake8_torch_gradmode:GradModeChecker"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

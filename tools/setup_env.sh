@@ -7,6 +7,6 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt -r docs/requirements.txt
 # --no-build-isolation: setup.py checks the torch installed in this venv.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .

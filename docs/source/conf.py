@@ -1,0 +1,54 @@
+"""Sphinx configuration for the grad-mode patch's docs.
+
+Build with ``bash tools/build_docs.sh`` (HTML with warnings as errors, then the
+doctest builder).  ``import torch`` must load this checkout's modules, i.e. run
+Sphinx with the venv that has the patch installed.
+"""
+
+import re
+
+from docutils import nodes
+
+project = "torch grad-mode decorators for suspendable functions"
+author = "torch-gradmode-patch contributors"
+copyright = "PyTorch contributors"
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.doctest",
+]
+
+exclude_patterns = ["build"]
+html_theme = "alabaster"
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"
+
+# The doctest builder: ``>>>`` examples run with torch imported.
+doctest_global_setup = "import torch"
+doctest_test_doctest_blocks = "default"
+
+_PROMPT = re.compile(r"^\s*>>> ", re.MULTILINE)
+
+
+def _literal_examples_to_doctests(app, doctree):
+    """Make ``Example::`` literal blocks that hold ``>>>`` sessions doctest blocks.
+
+    The torch docstrings introduce their examples with ``Example::``, which
+    makes a literal block; ``sphinx.ext.doctest`` only collects doctest blocks
+    (and its own directives).  A literal block whose text starts with a
+    ``>>>`` prompt is turned into a doctest block (rendered the same way), so
+    the doctest builder runs it.  Other literal blocks are left alone.
+    """
+    for block in list(doctree.findall(nodes.literal_block)):
+        text = block.astext()
+        if "testnodetype" in block or not text.lstrip().startswith(">>> ") or not _PROMPT.search(text):
+            continue
+        new = nodes.doctest_block(text, text)
+        new.source, new.line = block.source, block.line
+        block.replace_self(new)
+
+
+def setup(app):
+    app.connect("doctree-read", _literal_examples_to_doctests)
+    return {"parallel_read_safe": True}

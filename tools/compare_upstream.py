@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Run upstream PyTorch test files against stock torch and against this patch, and compare.
+
+Usage::
+
+    python tools/compare_upstream.py UPSTREAM_DIR [--python PYTHON] [--timeout SECONDS]
+
+UPSTREAM_DIR holds fetched upstream test files::
+
+    UPSTREAM_DIR/test_autograd.py              (+ autograd/, expect/ it needs)
+    UPSTREAM_DIR/dynamo/test_ctx_manager.py
+
+Each file is run with ``PYTHON -m pytest FILE -q -p no:cacheprovider -p no:logging -rf``
+from its own folder, once with ``TORCH_GRADMODE_OVERLAY=0`` (stock torch) and once
+without it (the patch).  The FAILED test ids of both runs are compared.  Exit code 1
+if the patched run fails any test that the stock run passes.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
+RUNS = (("test_autograd.py", "."), ("test_ctx_manager.py", "dynamo"))
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rf"]
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+_COUNT = re.compile(r"(\d+) (failed|passed|skipped|errors?|xfailed|xpassed|deselected)\b")
+
+
+def run_pytest(python, folder, filename, stock, timeout):
+    env = dict(os.environ)
+    if stock:
+        env[ENV_SWITCH] = "0"
+    else:
+        env.pop(ENV_SWITCH, None)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [python, "-m", "pytest", filename, *PYTEST_ARGS],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=timeout,
+        )
+        out, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = "timeout"
+    elapsed = time.monotonic() - start
+    failed = set()
+    for line in out.splitlines():
+        m = _FAILED.match(line)
+        if m:
+            failed.add(m.group(1))
+    counts = {}
+    summary = [line for line in out.splitlines() if re.search(r"\b(passed|failed)\b.* in [\d.]+s", line)]
+    if summary:
+        for n, kind in _COUNT.findall(summary[-1]):
+            kind = "errors" if kind.startswith("error") else kind
+            counts[kind] = counts.get(kind, 0) + int(n)
+    ran = counts.get("passed", 0) + counts.get("failed", 0) + counts.get("errors", 0) \
+        + counts.get("xfailed", 0) + counts.get("xpassed", 0)
+    return {"rc": rc, "failed": failed, "counts": counts, "ran": ran, "elapsed": elapsed, "output": out}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("upstream_dir")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--log-dir", default=None, help="write each run's full output here")
+    args = parser.parse_args(argv)
+
+    root = os.path.abspath(args.upstream_dir)
+    any_new = False
+    rows = []
+    for filename, sub in RUNS:
+        folder = os.path.normpath(os.path.join(root, sub))
+        if not os.path.isfile(os.path.join(folder, filename)):
+            print(f"{os.path.join(sub, filename)}: missing, skipped")
+            rows.append((filename, None, None))
+            continue
+        results = {}
+        for label, stock in (("stock", True), ("patched", False)):
+            res = run_pytest(args.python, folder, filename, stock, args.timeout)
+            results[label] = res
+            if args.log_dir:
+                os.makedirs(args.log_dir, exist_ok=True)
+                with open(os.path.join(args.log_dir, f"{filename}.{label}.log"), "w") as f:
+                    f.write(res["output"])
+        stock_res, patched_res = results["stock"], results["patched"]
+        new = sorted(patched_res["failed"] - stock_res["failed"])
+        gone = sorted(stock_res["failed"] - patched_res["failed"])
+        any_new = any_new or bool(new)
+        rows.append((filename, stock_res, patched_res))
+        print(f"== {os.path.join(sub, filename)}")
+        for label, res in results.items():
+            counts = ", ".join(f"{v} {k}" for k, v in sorted(res["counts"].items())) or "no summary"
+            print(f"  {label:8s} ran {res['ran']:5d}  failed {len(res['failed']):4d}  "
+                  f"(rc {res['rc']}; {counts}; {res['elapsed']:.0f}s)")
+        print(f"  new failures (patched only): {len(new)}")
+        for t in new:
+            print(f"    {t}")
+        print(f"  failures only in stock: {len(gone)}")
+        for t in gone:
+            print(f"    {t}")
+
+    print()
+    print(f"{'file':24s} {'stock ran':>10s} {'stock failed':>13s} {'patched ran':>12s} {'patched failed':>15s}")
+    for filename, s, p in rows:
+        if s is None:
+            print(f"{filename:24s} {'missing':>10s}")
+            continue
+        print(f"{filename:24s} {s['ran']:10d} {len(s['failed']):13d} {p['ran']:12d} {len(p['failed']):15d}")
+    print("RESULT:", "NEW FAILURES" if any_new else "no new failures")
+    return 1 if any_new else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
