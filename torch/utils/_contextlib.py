@@ -25,6 +25,7 @@ of PR #49017, extended):
 
 import functools
 import inspect
+import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -301,9 +302,18 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
     async def async_generator_context(*args, **kwargs):
         mode = _BodyMode(ctx_factory, reenter)
         agen = func(*args, **kwargs)
-        # The body runs only inside the awaitables of asend/athrow/aclose;
-        # each is driven step by step through the same body mode.
-        pending = agen.asend(None)
+        # The body runs only inside the awaitables of asend/athrow; each is
+        # driven step by step through the same body mode.  The first one is
+        # made with the event loop's async-generator hooks cleared: only this
+        # wrapper is registered for finalisation, so that the loop (at
+        # shutdown_asyncgens, or trio at the end of its run) closes the body
+        # through us, in its mode, and never directly.
+        hooks = sys.get_asyncgen_hooks()
+        sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+        try:
+            pending = agen.asend(None)
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
         while True:
             try:
                 value = await _drive_awaitable(mode, pending)
@@ -315,13 +325,13 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
                 pending = None
             try:
                 request = yield value
-            except GeneratorExit:
-                # aclose(), or finalisation by the event loop's hooks.
-                await _drive_awaitable(mode, agen.aclose())
-                raise
             except BaseException as exc:
-                # Thrown later, from outside this ``except`` block, for the
-                # same reason as in _driver.
+                # The caller threw into us, or closed us: aclose() and the
+                # loop's finalisation throw GeneratorExit, which goes to the
+                # body the same way, so that a body that yields in response
+                # makes our caller's aclose() fail and stays resumable, as it
+                # would undecorated.  Thrown later, from outside this
+                # ``except`` block, for the same reason as in _driver.
                 pending = agen.athrow(exc)
             else:
                 pending = agen.asend(request)
