@@ -190,7 +190,7 @@ def _driver(start):
 
     ``start(*args, **kwargs)`` returns ``(mode, body)``: a :class:`_BodyMode`
     and anything with the generator protocol -- a generator, a coroutine, or
-    the awaitable of one ``asend``/``athrow``/``aclose`` of an async generator.
+    the awaitable of one ``asend``/``athrow`` of an async generator.
     The driver relays its caller's ``send``/``throw``/``close`` to the body,
     each as one ``mode.step``.  It is the wrapper itself (not something the
     wrapper delegates to with ``yield from``), so that a generator that
@@ -247,7 +247,7 @@ def _driver(start):
     return drive
 
 
-# Drives one asend/athrow/aclose awaitable of an async generator; awaitable.
+# Drives one asend/athrow awaitable of an async generator, and is itself awaitable.
 _drive_awaitable = types.coroutine(_driver(lambda mode, awaitable: (mode, awaitable)))
 
 
