@@ -300,8 +300,13 @@ class inference_mode(_DecoratorContextManager):
     def __new__(cls, mode=True):
         if isinstance(mode, bool):
             return super().__new__(cls)
-        # ``@torch.inference_mode`` without parentheses passes the function.
-        return cls()(mode)
+        if callable(mode):
+            # ``@torch.inference_mode`` without parentheses passes the function.
+            return cls()(mode)
+        raise TypeError(
+            "torch.inference_mode(): mode must be bool (or, used as @torch.inference_mode "
+            f"without parentheses, the function to decorate), not {type(mode).__name__}"
+        )
 
     def __enter__(self) -> None:
         self._inference_mode_context = torch._C._InferenceMode(self.mode)
@@ -355,6 +360,12 @@ class set_multithreading_enabled(_DecoratorContextManager):
         self.prev = torch._C._is_multithreading_enabled()
         torch._C._set_multithreading_enabled(mode)
         self.mode = mode
+
+    def __call__(self, orig_func: F) -> F:
+        # The constructor already switched the setting, as the function form
+        # must; the decorator line must not (torch 2.13.0 left it switched).
+        torch._C._set_multithreading_enabled(self.prev)
+        return super().__call__(orig_func)
 
     def __enter__(self) -> None:
         pass

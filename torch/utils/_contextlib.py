@@ -120,6 +120,22 @@ class _BodyMode:
             guard.__exit__(None, None, None)
             self._fast = not (self._reenter or self._inference)
 
+    def abandon(self, body):
+        """Close *body*, left suspended by a step that failed outside it, in its own mode.
+
+        Only a re-entered context can fail a step without the body's help (its
+        ``clone``, ``__enter__`` or ``__exit__`` raised).  Dropping the body
+        would close it later in whatever mode the thread then has, and its own
+        ``with`` exits would force their saved modes onto that code; so close
+        it now, without the failing context.  What closing raises is dropped:
+        the failure already propagating is the one to report.
+        """
+        self._reenter = False
+        try:
+            self._guarded_step(_close, body)
+        except Exception:
+            pass
+
     def _capture(self, method, arg):
         try:
             return method(arg)
@@ -129,6 +145,10 @@ class _BodyMode:
             # body's state for its next step.
             self._grad = is_grad_enabled()
             self._inference = is_inference_mode_enabled()
+
+
+def _close(body):
+    body.close()
 
 
 class _ParkedState:
@@ -240,6 +260,8 @@ def _driver(start):
             # frames of the step that raised it, which hold the body and,
             # after a throw, the exception itself: break those cycles so
             # that dropping the exception frees everything at once.
+            if getattr(body, "gi_suspended", False) or getattr(body, "cr_suspended", False):
+                mode.abandon(body)
             body = None
             _forget_step_locals(exc.__traceback__)
             raise

@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""A small AST mutation tester for the grad-mode patch.
+
+mutmut and cosmic-ray cannot follow the symlinked install, so this harness
+does the little they would do here:
+
+1. snapshot the checkout's owned modules and tests into a work directory, so
+   that edits made in /work/main while it runs do not mix into a run;
+2. parse ``torch/utils/_contextlib.py`` and ``torch/autograd/grad_mode.py`` and
+   enumerate mutants (one small change each, see ``Mutator``);
+3. for each mutant, write the mutated module into a *mutant tree* -- a
+   directory ``torch/`` whose entries are links to the installed link tree
+   (``build/overlay/torch``) except for the directories on the way to the
+   owned modules, which are real directories of links, the owned modules being
+   real files -- and run the selected tests with
+   ``TORCH_GRADMODE_OVERLAY=0 PYTHONPATH=<tree>`` so that ``import torch``
+   loads the mutant (checked by a probe before the run starts);
+4. a mutant is *killed* when the tests fail (or time out), and *survives*
+   when they pass.  The score and every survivor's diff are printed.
+
+One mutant tree is kept per job slot and reused, with the bytecode of its
+real directories compiled once, so a mutant costs one pytest run.  The
+checkout itself is never written.
+
+Usage::
+
+    nice -n 10 python tools/mutation_test.py --jobs 2 --sample 80 --seed 1
+    python tools/mutation_test.py --file torch/utils/_contextlib.py --limit 10
+    python tools/mutation_test.py --list      # enumerate mutants only
+"""
+
+import argparse
+import ast
+import concurrent.futures
+import difflib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"]
+OWNED = TARGETS  # modules the checkout owns and the mutant tree must hold as files
+TEST_FILES = ["test/test_autograd.py", "test/test_grad_mode_reliability.py", "test/test_grad_mode_async.py"]
+TEST_HELPERS = ["test/grad_mode_programs.py"]
+OPTIONAL_TEST_FILES = ["test/test_grad_mode_compat.py"]  # slow: only with --tests
+DEFAULT_PYTHON = "/work/venv/bin/python"
+TEST_ENV = {
+    "GRAD_MODE_PROPERTY_PROGRAMS": "100",
+    "GRAD_MODE_ASYNC_PROPERTY_PROGRAMS": "50",
+    "PYTORCH_PRINT_REPRO_ON_FAILURE": "0",
+}
+
+
+# ---------------------------------------------------------------------------
+# Mutants
+# ---------------------------------------------------------------------------
+
+COMPARE_SWAPS = {
+    ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+    ast.Lt: ast.GtE, ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE, ast.LtE: ast.Gt,
+    ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+    ast.In: ast.NotIn, ast.NotIn: ast.In,
+}
+
+
+def _is_docstring(stmt):
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+class Mutator(ast.NodeTransformer):
+    """Walk a module; count mutation points, and apply the one numbered *target*.
+
+    Operators: flip a comparison operator (``==``/``!=``, ``<``/``>=``,
+    ``is``/``is not``, ``in``/``not in``); swap ``True``/``False``; negate an
+    ``if``/``while``/ternary condition; drop a ``not``; swap ``and``/``or``;
+    return ``None`` instead of an expression; replace a statement of a body
+    with ``pass``; empty a ``finally`` block.
+    """
+
+    def __init__(self, target=None):
+        self.target = target
+        self.count = 0
+        self.descriptions = []
+        self.applied = None
+
+    def _point(self, node, description):
+        """Register a mutation point; True if it is the one to apply."""
+        index = self.count
+        self.count += 1
+        self.descriptions.append((index, getattr(node, "lineno", 0), description))
+        if index == self.target:
+            self.applied = (index, getattr(node, "lineno", 0), description)
+            return True
+        return False
+
+    # -- expressions ---------------------------------------------------------
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        for i, op in enumerate(node.ops):
+            swap = COMPARE_SWAPS.get(type(op))
+            if swap and self._point(node, f"compare: {type(op).__name__} -> {swap.__name__}"):
+                node.ops[i] = swap()
+        return node
+
+    def visit_Constant(self, node):
+        if node.value is True or node.value is False:
+            if self._point(node, f"constant: {node.value} -> {not node.value}"):
+                return ast.copy_location(ast.Constant(value=not node.value), node)
+        return node
+
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        other = ast.Or if isinstance(node.op, ast.And) else ast.And
+        if self._point(node, f"boolop: {type(node.op).__name__} -> {other.__name__}"):
+            node.op = other()
+        return node
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not) and self._point(node, "drop not"):
+            return node.operand
+        return node
+
+    def visit_IfExp(self, node):
+        self.generic_visit(node)
+        if self._point(node, "negate ternary condition"):
+            node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
+        return node
+
+    # -- statements ------------------------------------------------------------
+
+    def _negate_test(self, node, what):
+        if self._point(node, f"negate {what} condition"):
+            node.test = ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=node.test), node.test)
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        self._negate_test(node, "if")
+        return node
+
+    def visit_While(self, node):
+        self.generic_visit(node)
+        self._negate_test(node, "while")
+        return node
+
+    def visit_Return(self, node):
+        self.generic_visit(node)
+        if node.value is not None and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            if self._point(node, "return None"):
+                node.value = None
+        return node
+
+    def _visit_try(self, node):
+        self.generic_visit(node)
+        if node.finalbody and not all(isinstance(s, ast.Pass) for s in node.finalbody):
+            if self._point(node.finalbody[0], "empty finally block"):
+                node.finalbody = [ast.copy_location(ast.Pass(), node.finalbody[0])]
+        return node
+
+    visit_Try = _visit_try
+    if hasattr(ast, "TryStar"):
+        visit_TryStar = _visit_try
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        # Statement deletion, in every statement list but the module's own.
+        if isinstance(node, ast.Module):
+            return node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list) or field == "handlers":
+                continue
+            for i, stmt in enumerate(stmts):
+                if not isinstance(stmt, ast.stmt) or isinstance(stmt, (ast.Pass, ast.Import, ast.ImportFrom)):
+                    continue
+                if _is_docstring(stmt) or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                    continue  # ``...`` bodies
+                first = ast.unparse(stmt).splitlines()[0][:60]
+                if self._point(stmt, f"delete statement: {first}"):
+                    stmts[i] = ast.copy_location(ast.Pass(), stmt)
+        return node
+
+
+def list_mutants(source):
+    m = Mutator()
+    m.visit(ast.parse(source))
+    return m.descriptions
+
+
+def make_mutant(source, index):
+    tree = ast.parse(source)
+    m = Mutator(index)
+    tree = m.visit(tree)
+    ast.fix_missing_locations(tree)
+    return ast.unparse(tree), m.applied
+
+
+def mutant_diff(source, mutated, name):
+    original = ast.unparse(ast.parse(source))
+    return "".join(difflib.unified_diff(original.splitlines(True), mutated.splitlines(True),
+                                        f"a/{name}", f"b/{name}", n=2))
+
+
+# ---------------------------------------------------------------------------
+# Snapshot and mutant trees
+# ---------------------------------------------------------------------------
+
+
+def snapshot(workdir):
+    """Copy the owned modules and the tests: the run sees one consistent checkout."""
+    snap = os.path.join(workdir, "snapshot")
+    shutil.rmtree(snap, ignore_errors=True)
+    for rel in OWNED + TEST_FILES + TEST_HELPERS + OPTIONAL_TEST_FILES:
+        src = os.path.join(CHECKOUT, rel)
+        if os.path.exists(src):
+            os.makedirs(os.path.dirname(os.path.join(snap, rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(snap, rel))
+    return snap
+
+
+def build_tree(root, snap, python):
+    """A torch/ link tree at *root* whose owned modules are real files copied from *snap*."""
+    base = os.path.join(CHECKOUT, "build", "overlay", "torch")
+    if not os.path.isdir(base):
+        raise SystemExit(f"no link tree at {base}: run `python -c 'import torch'` in the venv once")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    owned_dirs = {""}
+    for rel in OWNED:
+        parts = rel.split("/")[1:-1]  # below torch/
+        for i in range(len(parts)):
+            owned_dirs.add("/".join(parts[: i + 1]))
+    for sub in sorted(owned_dirs):
+        src_dir = os.path.join(base, sub) if sub else base
+        dst_dir = os.path.join(root, "torch", sub) if sub else os.path.join(root, "torch")
+        os.makedirs(dst_dir, exist_ok=True)
+        for name in os.listdir(src_dir):
+            rel = f"{sub}/{name}" if sub else name
+            if name == "__pycache__" or rel in owned_dirs or f"torch/{rel}" in OWNED:
+                continue
+            os.symlink(os.path.realpath(os.path.join(src_dir, name)), os.path.join(dst_dir, name))
+    for rel in OWNED:
+        shutil.copy2(os.path.join(snap, rel), os.path.join(root, rel))
+    # Bytecode for the real directories, once: the environment may forbid
+    # writing it at import time, and compiling torch/*.py on every run is slow.
+    for sub in sorted(owned_dirs):
+        d = os.path.join(root, "torch", sub) if sub else os.path.join(root, "torch")
+        subprocess.run([python, "-m", "compileall", "-q", "-l", d], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def write_module(root, rel, text):
+    path = os.path.join(root, rel)
+    with open(path, "w") as f:
+        f.write(text)
+    # Never let a stale .pyc of an earlier mutant (same size, same second) be used.
+    cache = os.path.join(os.path.dirname(path), "__pycache__")
+    stem = os.path.splitext(os.path.basename(path))[0] + "."
+    if os.path.isdir(cache):
+        for name in os.listdir(cache):
+            if name.startswith(stem):
+                os.unlink(os.path.join(cache, name))
+
+
+def tree_env(root):
+    env = dict(os.environ)
+    env.update(TEST_ENV)
+    env["TORCH_GRADMODE_OVERLAY"] = "0"
+    env["PYTHONPATH"] = root
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def probe(root, python):
+    """Check that ``import torch`` in the mutant tree loads the tree's owned modules."""
+    code = ("import json, torch, torch.utils._contextlib as c, torch.autograd.grad_mode as g;"
+            "print(json.dumps([torch.__file__, c.__file__, g.__file__]))")
+    out = subprocess.run([python, "-c", code], env=tree_env(root), capture_output=True, text=True, cwd=root)
+    if out.returncode != 0:
+        raise SystemExit(f"probe failed in {root}:\n{out.stderr}")
+    files = json.loads(out.stdout.strip().splitlines()[-1])
+    want = [os.path.join(root, "torch", "__init__.py")] + [os.path.join(root, rel) for rel in OWNED]
+    if files != want:
+        raise SystemExit(f"probe: torch in {root} resolves to {files}, not {want}")
+
+
+def run_tests(root, snap, python, timeout, k_expr, test_files=None):
+    tests = [t for t in (test_files or TEST_FILES) if os.path.exists(os.path.join(snap, t))]
+    cmd = [python, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-k", k_expr]
+    start = time.monotonic()
+    try:
+        out = subprocess.run(cmd, env=tree_env(root), cwd=snap, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - start, ""
+    tail = "\n".join(out.stdout.strip().splitlines()[-3:])
+    return ("survived" if out.returncode == 0 else "killed"), time.monotonic() - start, tail
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--file", action="append", choices=TARGETS, help="mutate only this file (repeatable)")
+    p.add_argument("--limit", type=int, help="run at most N mutants (after sampling)")
+    p.add_argument("--sample", type=int, help="run a random sample of N mutants")
+    p.add_argument("--seed", type=int, default=20261129, help="seed of the sample")
+    p.add_argument("--only", help="run only these mutants, e.g. 'torch/utils/_contextlib.py:12,40'")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per mutant")
+    p.add_argument("--python", default=DEFAULT_PYTHON)
+    p.add_argument("--workdir", default="/tmp/grad_mode_mutation")
+    p.add_argument("-k", dest="k_expr", default="not TestGradModeInstall", help="pytest -k expression")
+    p.add_argument("--tests", nargs="+", help=f"test files to run instead of {TEST_FILES}")
+    p.add_argument("--list", action="store_true", help="list the mutants and stop")
+    p.add_argument("--json", help="write the results to this file")
+    args = p.parse_args(argv)
+
+    os.makedirs(args.workdir, exist_ok=True)
+    snap = snapshot(args.workdir)
+    sources = {}
+    for rel in OWNED:
+        with open(os.path.join(snap, rel)) as f:
+            sources[rel] = f.read()
+
+    mutants = []
+    for rel in args.file or TARGETS:
+        for index, line, desc in list_mutants(sources[rel]):
+            mutants.append((rel, index, line, desc))
+    total = len(mutants)
+    if args.only:
+        rel, _, nums = args.only.rpartition(":")
+        wanted = {int(n) for n in nums.split(",")}
+        mutants = [m for m in mutants if m[0] == rel and m[1] in wanted]
+    if args.sample and args.sample < len(mutants):
+        mutants = sorted(random.Random(args.seed).sample(mutants, args.sample), key=lambda m: (m[0], m[1]))
+    if args.limit:
+        mutants = mutants[: args.limit]
+    print(f"{total} mutants in {', '.join(args.file or TARGETS)}; running {len(mutants)}"
+          + (f" (random sample, seed {args.seed})" if args.sample and args.sample < total else ""), flush=True)
+    if args.list:
+        for rel, index, line, desc in mutants:
+            print(f"{rel}:{index} line {line}: {desc}")
+        return 0
+
+    # One tree per job slot, checked, and the unmutated snapshot must pass.
+    slots = [os.path.join(args.workdir, f"slot{i}") for i in range(max(1, args.jobs))]
+    for root in slots:
+        build_tree(root, snap, args.python)
+        probe(root, args.python)
+    print("probe: import torch loads the mutant tree's modules", flush=True)
+    status, secs, tail = run_tests(slots[0], snap, args.python, args.timeout * 2, args.k_expr, args.tests)
+    print(f"baseline (unmutated snapshot): {status} in {secs:.0f}s\n{tail}", flush=True)
+    if status != "survived":
+        print("baseline fails: mutation results would mean nothing", file=sys.stderr)
+        return 2
+
+    free = list(slots)
+    results = []
+
+    def run_one(m):
+        rel, index, line, desc = m
+        root = free.pop()
+        try:
+            mutated, applied = make_mutant(sources[rel], index)
+            assert applied is not None and applied[0] == index, (m, applied)
+            write_module(root, rel, mutated)
+            try:
+                compile(mutated, rel, "exec")
+            except SyntaxError:
+                return m, "killed", 0.0, "syntax error", mutant_diff(sources[rel], mutated, rel)
+            status, secs, tail = run_tests(root, snap, args.python, args.timeout, args.k_expr, args.tests)
+            return m, status, secs, tail, mutant_diff(sources[rel], mutated, rel)
+        finally:
+            # Back to the unmutated module for the next mutant in this slot.
+            write_module(root, rel, sources[rel])
+            free.append(root)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        for n, (m, status, secs, tail, diff) in enumerate(pool.map(run_one, mutants), 1):
+            rel, index, line, desc = m
+            print(f"[{n}/{len(mutants)}] {status:8s} {secs:5.0f}s {rel}:{index} line {line}: {desc}", flush=True)
+            results.append({"file": rel, "index": index, "line": line, "description": desc,
+                            "status": status, "seconds": round(secs, 1), "diff": diff})
+
+    killed = sum(r["status"] in ("killed", "timeout") for r in results)
+    survivors = [r for r in results if r["status"] == "survived"]
+    score = 100.0 * killed / len(results) if results else 0.0
+    print(f"\nscore: {killed}/{len(results)} killed = {score:.1f}%"
+          + (f" (sample of {len(results)} of {total} mutants, seed {args.seed})" if len(results) < total else ""))
+    for r in survivors:
+        print(f"\nSURVIVED {r['file']}:{r['index']} line {r['line']}: {r['description']}\n{r['diff']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"total": total, "seed": args.seed, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
