@@ -18,6 +18,7 @@ request's outcome -- so one ``==`` compares them.
 """
 
 import contextlib
+import gc
 import threading
 
 import torch
@@ -266,9 +267,15 @@ def run_oracle_generator(program):
             for n, (req, _) in enumerate(program.driver):
                 outcomes.append(_request(gen, req, n))
         # Snapshot before the generator is dropped: a body that ignored
-        # GeneratorExit runs again when it is finalised, at a time that
-        # depends on the garbage collector.
-        return list(log), outcomes
+        # GeneratorExit runs again when it is finalised.
+        snapshot = list(log), outcomes
+        # Finalise it here, on this thread: left to the cyclic collector, an
+        # undecorated body suspended in a mode block would run its ``with``
+        # exit on whatever thread the collector next interrupts -- the very
+        # leak the decorators exist to prevent -- and upset a later program.
+        del gen
+        gc.collect(1)  # the young generations hold this program's cycles
+        return snapshot
 
     return on_own_thread(run)
 
@@ -286,4 +293,12 @@ def run_subject_generator(program):
             after = mode_state()
         if after != before:
             outcomes.append(("caller mode leaked", before, after))
-    return list(log), outcomes
+    snapshot = list(log), outcomes
+    # A body that ignored GeneratorExit is closed again when finalised, the
+    # second time by Python itself, outside the decorator (as undecorated, it
+    # then runs outside any ``with`` it was in): finalise it on a thread of
+    # its own so that it cannot reach a later program.
+    holder = [gen]
+    del gen, decorated
+    on_own_thread(lambda: (holder.clear(), gc.collect(1)))
+    return snapshot
