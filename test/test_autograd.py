@@ -85,6 +85,40 @@ class TestGradModeInstall(TestCase):
         self.assertEqual(path, os.path.join(CHECKOUT, "torch", "utils", "_contextlib.py"))
 
 
+class TestGradModeInstallRefusesOtherTorch(TestCase):
+    """Another torch than 2.13.x: the install refuses, and the start-up hook stays off, saying why."""
+
+    def setUp(self):
+        import tempfile
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        fake = os.path.join(self.tmp.name, "torch")
+        os.mkdir(fake)
+        with open(os.path.join(fake, "__init__.py"), "w") as f:
+            f.write("")
+        with open(os.path.join(fake, "version.py"), "w") as f:
+            f.write("__version__ = '2.12.1+cpu'\n")
+        # The fake torch comes first on the path; the overlay is off so that
+        # its link tree does not shadow the fake.
+        self.env = dict(os.environ, PYTHONPATH=self.tmp.name, TORCH_GRADMODE_OVERLAY="0")
+
+    def test_setup_refuses(self):
+        done = subprocess.run([sys.executable, "setup.py", "bdist_wheel"], cwd=CHECKOUT, env=self.env,
+                              capture_output=True, text=True)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("supports torch 2.13.x only, but torch 2.12.1+cpu is installed", done.stderr)
+
+    def test_startup_hook_stays_off(self):
+        env = dict(self.env)
+        del env["TORCH_GRADMODE_OVERLAY"]
+        done = subprocess.run([sys.executable, "-c", "import torch, sys; print(torch.__file__)"], env=env,
+                              capture_output=True, text=True, check=True)
+        self.assertIn("overlay inactive", done.stderr)
+        self.assertIn("supports torch 2.13.x only", done.stderr)
+        self.assertEqual(done.stdout.strip(), os.path.join(self.tmp.name, "torch", "__init__.py"))
+
+
 def _contextlib_path():
     import torch.utils._contextlib as m
 
