@@ -300,7 +300,7 @@ class inference_mode(_DecoratorContextManager):
     def __new__(cls, mode=True):
         if isinstance(mode, bool):
             return super().__new__(cls)
-        if callable(mode):
+        if callable(mode) or isinstance(mode, (staticmethod, classmethod)):
             # ``@torch.inference_mode`` without parentheses passes the function.
             return cls()(mode)
         raise TypeError(
