@@ -393,6 +393,45 @@ class TestFaults(ReliabilityTestCase):
     # the failing context (_BodyMode.abandon).  On torch 2.13.0 the body is
     # dropped and closed later in whatever mode the thread has, and its own
     # ``with`` exit overwrites the caller's mode.
+    def test_context_manager_failing_for_good_does_not_stop_the_close(self):
+        # A context manager that keeps failing after its first entry: the
+        # suspended body is still closed at once, in its own mode, so the
+        # context is not entered again for that close.
+        calls = {"n": 0}
+
+        class Broken(_DecoratorContextManager):
+            def __enter__(self):
+                calls["n"] += 1
+                if calls["n"] > 1:
+                    raise CMError("enter")
+
+            def __exit__(self, *exc):
+                return None
+
+        seen = []
+
+        @Broken()
+        def gen():
+            with torch.enable_grad():
+                try:
+                    yield 1  # noqa: TGM001 (decorated: the body's block is meant)
+                    yield 2  # noqa: TGM001 (decorated: the body's block is meant)
+                finally:
+                    seen.append(mode_state())
+
+        it = gen()
+        next(it)  # the body's block opens while the caller has grad on
+        with torch.no_grad():
+            with self.assertRaises(CMError):
+                next(it)
+            # Closing the body ran its ``with`` exit, which restores grad on
+            # for the body -- not for this caller.
+            self.assertEqual(mode_state(), NO_GRAD)
+        self.assertEqual(seen, [PLAIN])
+        del it
+        gc.collect()
+        self.assertEqual(mode_state(), PLAIN)
+
     def test_context_manager_raises_while_body_suspended_in_own_block(self):
         # No subTest here: expectedFailure must see the one failure at the end.
         outcomes = {}
