@@ -44,9 +44,8 @@ class no_grad(_NoParamDecoratorContextManager):
       kind for :mod:`inspect`.
 
     .. note::
-        No-grad is one of several mechanisms that can enable or
-        disable gradients locally see :ref:`locally-disable-grad-doc` for
-        more information on how they compare.
+        :ref:`locally-disable-grad-doc` compares this with the other ways
+        of turning gradient tracking off or on for part of a program.
 
     .. note::
         Forward-mode AD is not affected: see :ref:`forward-mode-ad`.  To stop
@@ -119,9 +118,8 @@ class enable_grad(_NoParamDecoratorContextManager):
     :class:`~no_grad`, and leaves the caller's mode as it was after every step.
 
     .. note::
-        enable_grad is one of several mechanisms that can enable or
-        disable gradients locally see :ref:`locally-disable-grad-doc` for
-        more information on how they compare.
+        :ref:`locally-disable-grad-doc` compares this with the other ways
+        of turning gradient tracking off or on for part of a program.
 
     .. note::
         Forward-mode AD is not affected: see :ref:`forward-mode-ad`.
@@ -175,9 +173,8 @@ class set_grad_enabled(_DecoratorContextManager):
             it off; handy when the choice is only known at run time.
 
     .. note::
-        set_grad_enabled is one of several mechanisms that can enable or
-        disable gradients locally see :ref:`locally-disable-grad-doc` for
-        more information on how they compare.
+        :ref:`locally-disable-grad-doc` compares this with the other ways
+        of turning gradient tracking off or on for part of a program.
 
     .. note::
         Forward-mode AD is not affected: see :ref:`forward-mode-ad`.
@@ -250,10 +247,10 @@ class inference_mode(_DecoratorContextManager):
     release the decorator did nothing for ``async def`` functions).
 
     .. note::
-        Inference mode is one of several mechanisms that can locally enable
-        or disable gradients. See :ref:`locally-disable-grad-doc` for a
-        comparison.  Where inference tensors could reach code that records
-        autograd graphs, :class:`~no_grad` is the safer choice.
+        :ref:`locally-disable-grad-doc` compares inference mode with the
+        other ways of turning gradient tracking off for part of a program.
+        Where inference tensors could reach code that records autograd
+        graphs, :class:`~no_grad` is the safer choice.
 
     .. note::
         Unlike :class:`~no_grad`, inference mode also turns off
@@ -489,7 +486,7 @@ class _unsafe_preserve_version_counter(_DecoratorContextManager):
     def __init__(self, tensors: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         self.tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(self.tensors, tuple):
-            raise AssertionError("Expected tensors to be a tuple")
+            raise AssertionError(f"tensors must be a tensor or a tuple of tensors, not {type(tensors).__name__}")
         self.prev_versions = tuple(t._version for t in self.tensors)
 
     def __enter__(self) -> None:
