@@ -475,6 +475,49 @@ class TestFaults(ReliabilityTestCase):
         # inside its enable_grad block).
         self.assertEqual(outcomes, {key: (key[1], PLAIN, [PLAIN]) for key in outcomes})
 
+    def test_context_manager_raises_while_async_generator_suspended_in_own_block(self):
+        # The async-generator twin of the test above.  The body can be left
+        # suspended at a ``yield`` (the failing step had not started it) or at
+        # an ``await`` inside an item (the failing step had); either way it is
+        # closed at once, in its own mode.  On torch 2.13.0 the decorator does
+        # not touch async generators at all; with a naive wrapper the body is
+        # dropped and its ``with`` exit runs at collection, setting the
+        # collector's caller's grad mode to the body's.
+        outcomes = {}
+        for where, at, left_at in (("enter", 2, "yield"), ("exit", 1, "yield"),
+                                   ("enter", 3, "await"), ("exit", 2, "await"),
+                                   ("clone", 3, "await")):
+            seen = []
+            ctx = faulty(where, at)
+
+            async def agen():
+                with torch.enable_grad():
+                    try:
+                        yield 1  # noqa: TGM001 (decorated: the body's block is meant)
+                        await suspend()  # noqa: TGM002 (decorated: the body's block is meant)
+                        yield 2  # noqa: TGM001 (decorated: the body's block is meant)
+                    finally:
+                        seen.append(mode_state())
+
+            with torch.no_grad():
+                it = ctx(agen)()
+                raised = None
+                try:
+                    drive(it.__anext__())
+                    drive(it.__anext__())
+                except CMError as e:
+                    raised = str(e)
+                during = mode_state()
+                closed_at_once = list(seen)
+            del it
+            gc.collect()
+            outcomes[where, at, left_at] = (raised, during, closed_at_once, mode_state(), seen)
+        # The context manager's error propagates, the caller (grad off) keeps
+        # its mode, and the body's finally runs at once, in the body's mode
+        # (grad on inside its enable_grad block), and only once.
+        expected = {key: (key[0], NO_GRAD, [PLAIN], PLAIN, [PLAIN]) for key in outcomes}
+        self.assertEqual(outcomes, expected)
+
     # -- asyncio cancellation and timeouts -------------------------------------
 
     def _cancellable(self, seen):

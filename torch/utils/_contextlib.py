@@ -80,20 +80,27 @@ class _BodyMode:
         # The fast path: neither side is in inference mode, so switching grad
         # mode is all it takes.  This is the step every generator, coroutine
         # and async generator takes in the common case; keep it lean.
+        # Setting grad mode costs twice what reading it does: skip the
+        # switches that would not change it (a ``no_grad`` generator consumed
+        # inside ``no_grad``, an ``enable_grad`` one in ordinary code).
         caller_grad = is_grad_enabled()
-        _set_grad_enabled(self._grad)
+        if self._grad is not caller_grad:
+            _set_grad_enabled(self._grad)
         try:
             return method(arg)
         finally:
-            self._grad = is_grad_enabled()
+            body_grad = self._grad = is_grad_enabled()
             if is_inference_mode_enabled():
                 # The body is suspended inside (or returned out of) an
                 # inference-mode block it opened: park its state, which takes
-                # the thread out of inference mode for the caller.
+                # the thread out of inference mode for the caller and turns
+                # grad mode on, so grad mode must then be restored too.
                 self._inference = True
                 self._fast = False
                 self._parked = _ParkedState()
-            _set_grad_enabled(caller_grad)
+                _set_grad_enabled(caller_grad)
+            elif body_grad is not caller_grad:
+                _set_grad_enabled(caller_grad)
 
     def _guarded_step(self, method, arg):
         first = self._grad is None
@@ -120,8 +127,8 @@ class _BodyMode:
             guard.__exit__(None, None, None)
             self._fast = not (self._reenter or self._inference)
 
-    def abandon(self, body):
-        """Close *body*, left suspended by a step that failed outside it, in its own mode.
+    def abandon(self, close):
+        """Run ``close()``, which closes a body left suspended by a failed step, in the body's mode.
 
         Only a re-entered context can fail a step without the body's help (its
         ``clone``, ``__enter__`` or ``__exit__`` raised).  Dropping the body
@@ -132,7 +139,7 @@ class _BodyMode:
         """
         self._reenter = False
         try:
-            self._guarded_step(_close, body)
+            self._guarded_step(_call, close)
         except Exception:
             pass
 
@@ -147,8 +154,26 @@ class _BodyMode:
             self._inference = is_inference_mode_enabled()
 
 
-def _close(body):
-    body.close()
+def _call(function):
+    return function()
+
+
+def _close_async_generator(agen, pending):
+    """Close async generator *agen* at once, as ``close()`` closes a generator.
+
+    *pending* is the ``asend``/``athrow`` awaitable of its last step: if that
+    step left the body suspended at an ``await``, the body is closed there.
+    A body that awaits again while closing cannot be finished without an
+    event loop: that is reported, as ``close()`` reports a coroutine that does.
+    """
+    try:
+        if agen.ag_running:
+            pending.throw(GeneratorExit())
+        else:
+            agen.aclose().send(None)
+    except (GeneratorExit, StopIteration, StopAsyncIteration):
+        return
+    raise RuntimeError("async generator awaited while being closed")
 
 
 class _ParkedState:
@@ -223,35 +248,39 @@ def _driver(start):
         # The arguments may hold an exception (an athrow awaitable does),
         # whose traceback would hold this frame: keep no reference.
         del args, kwargs
+        send = body.send  # bound once: every step but a throw uses it
+        # A new body is started by sending it None.
+        method, arg = send, None
         try:
-            # A new body is started by sending it None.
-            response = mode.step(body.send, None)
             while True:
+                # The one place the body runs.  ``arg`` may be an exception
+                # the caller threw; drop it once delivered, or its traceback
+                # (which holds this frame) would keep it alive.
+                try:
+                    response = mode.step(method, arg)
+                finally:
+                    arg = None
                 try:
                     # Hand the body's value to our caller, outside the body's
                     # mode, and wait for the caller's next request.
-                    request = yield response
+                    arg = yield response
                 except BaseException as exc:
                     # The caller threw into us, or closed us (GeneratorExit).
-                    thrown = exc
+                    # Deliver the exception where the body is suspended, in
+                    # its mode: its ``except`` and ``finally`` blocks and
+                    # ``with`` exits see what they would undecorated.
+                    # GeneratorExit goes the same way, so a body that yields
+                    # in response makes our caller's close() fail as it would
+                    # for the body.  Thrown on the next pass, outside this
+                    # ``except`` block, so that what the body raises gets no
+                    # __context__ it would not have undecorated; and with the
+                    # one-argument ``throw``: the exception carries its own
+                    # traceback, and the three-argument form is deprecated
+                    # since Python 3.12.
+                    method, arg = body.throw, exc
                 else:
                     # The caller sent a value (``next`` sends None): resume the body.
-                    response = mode.step(body.send, request)
-                    continue
-                # Deliver the exception where the body is suspended, in its
-                # mode: its ``except`` and ``finally`` blocks and ``with``
-                # exits see what they would undecorated.  GeneratorExit goes
-                # the same way, so a body that yields in response makes our
-                # caller's close() fail as it would for the body.  Thrown from
-                # outside the ``except`` block, so that what the body raises
-                # gets no __context__ it would not have undecorated, and with
-                # the one-argument ``throw``: the exception carries its own
-                # traceback, and the three-argument form is deprecated since
-                # Python 3.12.
-                try:
-                    response = mode.step(body.throw, thrown)
-                finally:
-                    del thrown
+                    method = send
         except StopIteration as stop:
             # The body returned: return its value too (PEP 380).
             return stop.value
@@ -261,8 +290,8 @@ def _driver(start):
             # after a throw, the exception itself: break those cycles so
             # that dropping the exception frees everything at once.
             if getattr(body, "gi_suspended", False) or getattr(body, "cr_suspended", False):
-                mode.abandon(body)
-            body = None
+                mode.abandon(body.close)
+            body = send = method = None
             _forget_step_locals(exc.__traceback__)
             raise
 
@@ -341,6 +370,13 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
                 value = await _drive_awaitable(mode, pending)
             except StopAsyncIteration:
                 return
+            except BaseException:
+                # The body is alive only if the step failed outside it: see
+                # _BodyMode.abandon.  (The driver cannot do this for us: it
+                # sees the awaitable, not the async generator.)
+                if getattr(agen, "ag_frame", None) is not None:
+                    mode.abandon(functools.partial(_close_async_generator, agen, pending))
+                raise
             finally:
                 # An athrow awaitable holds the thrown exception, whose
                 # traceback holds this frame: drop the cycle.
