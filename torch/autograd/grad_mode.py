@@ -290,8 +290,6 @@ class inference_mode(_DecoratorContextManager):
     """
 
     def __init__(self, mode: bool = True) -> None:
-        if not torch._jit_internal.is_scripting():
-            super().__init__()
         self.mode = mode
 
     def __new__(cls, mode=True):
@@ -306,8 +304,9 @@ class inference_mode(_DecoratorContextManager):
         )
 
     def __enter__(self) -> None:
+        # The guard engages when it is created (its own __enter__ does
+        # nothing) and puts the previous state back on __exit__.
         self._inference_mode_context = torch._C._InferenceMode(self.mode)
-        self._inference_mode_context.__enter__()
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self._inference_mode_context.__exit__(exc_type, exc_value, traceback)
