@@ -36,6 +36,7 @@ import subprocess
 import sys
 import timeit
 import tracemalloc
+import types
 
 DECORATORS = ["no_grad()", "enable_grad()", "set_grad_enabled(False)", "inference_mode()"]
 USES = ["call", "with", "generator step", "coroutine step", "async-generator step"]
@@ -75,6 +76,66 @@ async def _agen(k):
     for i in range(k):
         await suspend
         yield i
+
+
+def _floor_context(C, target, inference):
+    """The least a context-manager *class* written in Python can cost: one made per block,
+    doing only the limit's C calls in its ``__enter__`` and ``__exit__``."""
+    if inference:
+        class Floor:
+            __slots__ = ("guard",)
+
+            def __enter__(self):
+                self.guard = C._InferenceMode(True)
+
+            def __exit__(self, exc_type, exc, tb):
+                self.guard.__exit__(None, None, None)
+    else:
+        ge, sg = C.is_grad_enabled, C._set_grad_enabled
+
+        class Floor:
+            __slots__ = ("prev",)
+
+            def __enter__(self):
+                self.prev = ge()
+                sg(target)
+
+            def __exit__(self, exc_type, exc, tb):
+                sg(self.prev)
+    return Floor
+
+
+def _floor_async_generator(types, around_step):
+    """The least a per-step wrapper of an async generator can cost.
+
+    Python gives no hook between the steps of an async generator, so a wrapper
+    must be an async generator that awaits, for each item, a generator relaying
+    each step of the body's ``asend`` awaitable; here each step is wrapped in the
+    limit's C calls, without the rest of the contract (``throw``/``close``,
+    inference-mode and per-body state).
+    """
+
+    @types.coroutine
+    def relay(awaitable):
+        send = awaitable.send
+        try:
+            response = around_step(send, None)
+            while True:
+                response = around_step(send, (yield response))
+        except StopIteration as stop:
+            return stop.value
+
+    async def wrapper(k):
+        agen = _agen(k)
+        request = None
+        while True:
+            try:
+                value = await relay(agen.asend(request))
+            except StopAsyncIteration:
+                return
+            request = yield value
+
+    return wrapper
 
 
 def _decorator(torch, name):
@@ -126,6 +187,12 @@ def _measure_decorator(torch, name, number, repeat):
         with make():
             _noop()
     out["with"] = (out["call"][0], out["call"][1], _best(with_block, number, repeat))
+    floor_cls = _floor_context(C, target, inference)
+
+    def floor_block():
+        with floor_cls():
+            _noop()
+    floors = {"with": _best(floor_block, number, repeat)}
 
     # A generator step.
     bare_it, dec_it = _gen(), make()(_gen)()
@@ -149,14 +216,15 @@ def _measure_decorator(torch, name, number, repeat):
         except StopIteration:
             pass
 
-    def around_step(send):
+    def around_step(send, value=None):
         if inference:
             with C._InferenceMode(True):
-                send(None)
-        else:
-            prev = ge()
-            sg(target)
-            send(None)
+                return send(value)
+        prev = ge()
+        sg(target)
+        try:
+            return send(value)
+        finally:
             sg(prev)
 
     dec_coro = make()(_coro)
@@ -184,7 +252,10 @@ def _measure_decorator(torch, name, number, repeat):
         _best(lambda: drive_agen(_agen(k), around_step), 1, repeat) / steps,
         _best(lambda: drive_agen(dec_agen(k)), 1, repeat) / steps,
     )
+    floor_agen = _floor_async_generator(types, around_step)
+    floors["async-generator step"] = _best(lambda: drive_agen(floor_agen(k)), 1, repeat) / steps
     C._set_grad_enabled(True)
+    out["floors"] = floors
     return out
 
 
@@ -294,6 +365,15 @@ def main(argv=None):
             table[(name, use)] = (bare, limit, ours, stock, ratio_ours, ratio_stock, speed_up)
             print(f"{name:25} {use:21} {bare:7.0f} {limit:7.0f} {ours:8.0f} {stock:8.0f}"
                   f" {ratio_ours:8.2f}x {ratio_stock:8.2f}x {speed_up:8.2f}x")
+    print("\nfloors, as overhead ratios against the same limit (what no implementation in Python can beat):")
+    print(f"{'decorator':25} {'use':21} {'floor':>8} {'ratio':>9}  floor is")
+    floor_kinds = {"with": "a minimal Python context-manager class made per block",
+                   "async-generator step": "a per-item relay doing only the limit's calls"}
+    for name in DECORATORS:
+        for use, what in floor_kinds.items():
+            bare, limit = table[(name, use)][:2]
+            floor = med([r["times"][name]["floors"][use] for r in runs["patched"]])
+            print(f"{name:25} {use:21} {floor:8.0f} {(floor - bare) / max(limit - bare, 1e-9):8.2f}x  {what}")
     bares = [r["times"]["no_grad()"]["call"][0] for r in runs["patched"] + runs["stock"]]
     print(f"\nnoise: bare call {min(bares):.0f}..{max(bares):.0f} ns across runs "
           f"(spread {max(bares) / min(bares):.2f}x)")
