@@ -364,6 +364,19 @@ class TestFaults(ReliabilityTestCase):
                             self.assertTrue(intact)
                             self.assertIsNone(raised)
 
+    def test_context_manager_failing_before_coroutine_starts_does_not_warn(self):
+        # The caller did await the decorated coroutine; Python must not warn
+        # that the body "was never awaited" because the context failed first.
+        async def coro():
+            return 1
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(CMError):
+                drive(faulty("enter", 1)(coro)())
+            gc.collect()
+        self.assertEqual([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)], [])
+
     def test_context_manager_raises_on_every_step(self):
         # No step at all can run: the body never starts, the caller's mode is intact.
         class AlwaysFails(_DecoratorContextManager):

@@ -285,12 +285,18 @@ def _driver(start):
             # The body returned: return its value too (PEP 380).
             return stop.value
         except BaseException as exc:
+            if getattr(body, "gi_suspended", False) or getattr(body, "cr_suspended", False):
+                # The step failed outside the body: see _BodyMode.abandon.
+                mode.abandon(body.close)
+            elif getattr(body, "cr_frame", None) is not None and not body.cr_running:
+                # The first step failed before the coroutine started: closing
+                # it runs none of its code, and keeps Python from warning
+                # that it was never awaited -- our caller did await it.
+                body.close()
             # The exception's traceback holds this frame and the finished
             # frames of the step that raised it, which hold the body and,
             # after a throw, the exception itself: break those cycles so
             # that dropping the exception frees everything at once.
-            if getattr(body, "gi_suspended", False) or getattr(body, "cr_suspended", False):
-                mode.abandon(body.close)
             body = send = method = None
             _forget_step_locals(exc.__traceback__)
             raise
