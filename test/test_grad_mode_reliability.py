@@ -1134,6 +1134,51 @@ class TestBadInput(ReliabilityTestCase):
 
 
 class TestDriverDetails(ReliabilityTestCase):
+    def test_neutral_context_manager_body_starts_in_caller_mode(self):
+        # A context manager that leaves grad mode alone changes nothing: every
+        # step of the body sees its caller's mode, whatever that is -- also the
+        # first, when the driver builds the body's state from the caller's.
+        class Neutral(_DecoratorContextManager):
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        seen = []
+
+        @Neutral()
+        def gen():
+            seen.append(mode_state())
+            yield
+            seen.append(mode_state())
+
+        @Neutral()
+        async def coro():
+            seen.append(mode_state())
+            await suspend()
+            seen.append(mode_state())
+
+        @Neutral()
+        async def agen():
+            seen.append(mode_state())
+            await suspend()
+            yield
+            seen.append(mode_state())
+
+        async def consume():
+            return [x async for x in agen()]
+
+        runs = {"gen": lambda: list(gen()), "coro": lambda: drive(coro()), "agen": lambda: drive(consume())}
+        for name, state, factory in CALLER_MODES:
+            for kind, run in runs.items():
+                with self.subTest(caller=name, kind=kind):
+                    del seen[:]
+                    with in_mode(factory):
+                        run()
+                        self.assertEqual(mode_state(), state)
+                    self.assertEqual(seen, [state, state])
+
     def test_send_values_and_return_value(self):
         @torch.no_grad()
         def gen():
