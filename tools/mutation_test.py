@@ -36,6 +36,7 @@ import difflib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -309,6 +310,26 @@ def run_tests(root, snap, python, timeout, k_expr, test_files=None):
 # ---------------------------------------------------------------------------
 
 
+_LOG_LINE = re.compile(r"^\[\d+/\d+\] (killed|survived|timeout) +([\d.]+)s (\S+):(\d+) line (\d+): (.*)$")
+
+
+def read_log(path, known):
+    """Results from the printed output of an earlier run; *known* maps (file, index) to mutants."""
+    results = []
+    with open(path) as f:
+        for line in f:
+            match = _LOG_LINE.match(line.rstrip("\n"))
+            if not match:
+                continue
+            status, secs, rel, index, lineno, desc = match.groups()
+            m = known.get((rel, int(index)))
+            if m is None or m[2] != int(lineno) or m[3] != desc:
+                raise SystemExit(f"{path}: {rel}:{index} is not the same mutant in these sources")
+            results.append({"file": rel, "index": int(index), "line": int(lineno), "description": desc,
+                            "status": status, "seconds": float(secs), "diff": "(from an earlier run)"})
+    return results
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--file", action="append", choices=TARGETS, help="mutate only this file (repeatable)")
@@ -324,6 +345,11 @@ def main(argv=None):
     p.add_argument("--tests", nargs="+", help=f"test files to run instead of {TEST_FILES}")
     p.add_argument("--list", action="store_true", help="list the mutants and stop")
     p.add_argument("--json", help="write the results to this file")
+    p.add_argument("--shuffle", action="store_true",
+                   help="run in a random order (by --seed), so that a run stopped early is a fair sample")
+    p.add_argument("--skip-log", action="append", default=[], metavar="LOG",
+                   help="the printed output of an earlier run on the same sources: skip the mutants it "
+                        "reports and count its results in the score (repeatable)")
     args = p.parse_args(argv)
 
     os.makedirs(args.workdir, exist_ok=True)
@@ -344,8 +370,17 @@ def main(argv=None):
         mutants = [m for m in mutants if m[0] == rel and m[1] in wanted]
     if args.sample and args.sample < len(mutants):
         mutants = sorted(random.Random(args.seed).sample(mutants, args.sample), key=lambda m: (m[0], m[1]))
+    earlier = []
+    for log in args.skip_log:
+        earlier.extend(read_log(log, {(m[0], m[1]): m for m in mutants}))
+    done = {(r["file"], r["index"]) for r in earlier}
+    mutants = [m for m in mutants if (m[0], m[1]) not in done]
+    if args.shuffle:
+        random.Random(args.seed).shuffle(mutants)
     if args.limit:
         mutants = mutants[: args.limit]
+    if earlier:
+        print(f"{len(earlier)} results taken from {', '.join(args.skip_log)}", flush=True)
     print(f"{total} mutants in {', '.join(args.file or TARGETS)}; running {len(mutants)}"
           + (f" (random sample, seed {args.seed})" if args.sample and args.sample < total else ""), flush=True)
     if args.list:
@@ -366,7 +401,7 @@ def main(argv=None):
         return 2
 
     free = list(slots)
-    results = []
+    results = list(earlier)
 
     def run_one(m):
         rel, index, line, desc = m
