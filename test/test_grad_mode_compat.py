@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import subprocess
-import unittest
 import sys
 
 import torch
@@ -33,9 +32,6 @@ from torch.utils._contextlib import _DecoratorContextManager
 # aborts on stock torch under PYTHONMALLOC=debug), so these runs crash at
 # random, with or without this patch's decorators.  Kept, skipped, as the
 # record of what an upstream Dynamo fix must make pass (see the notes page).
-_DYNAMO_ASYNC_CRASH = "torch 2.13.0 Dynamo memory corruption with async wrappers (crashes at random)"
-
-
 STOCK_ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
 
 
@@ -416,8 +412,7 @@ import asyncio, json, torch
 
 @torch.no_grad()
 async def double(x):
-    # No ``await`` that suspends: Dynamo cannot resume a coroutine frame after a
-    # graph break (an AssertionError on stock torch 2.13.0 too).
+    await asyncio.sleep(0)  # suspends: the body is resumed inside the graph break
     return x * 2
 
 seen = {}
@@ -442,9 +437,11 @@ res = {}
 """
 
     def _run_async_snippet(self, code):
+        # Python's debug allocator turns a heap overrun into an abort every
+        # time, instead of a crash now and then.
         proc = subprocess.run(
             [sys.executable, "-c", self._ASYNC_PRELUDE + code + "\nprint('@@RESULT@@' + json.dumps(res))"],
-            capture_output=True, text=True, timeout=90,
+            capture_output=True, text=True, timeout=90, env=dict(os.environ, PYTHONMALLOC="debug"),
         )
         self.assertEqual(proc.returncode, 0, msg=f"rc {proc.returncode}:\n{proc.stderr[-3000:]}")
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT@@")][-1]
@@ -475,30 +472,29 @@ res["seen"] = seen["grad"]
         self.assertFalse(res["seen"])
         self.assertFalse(res["requires_grad2"])
 
-    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_compile_calling_decorated_async(self):
         # asyncio.run inside a compiled function: a graph break, run eagerly, right result.
         self._check_fn(self._run_async_snippet(self._COMPILE_FN))
 
-    # Known Dynamo limitation, not fixed here: during the graph break at
-    # asyncio.run, Dynamo compiles the coroutine body's frame itself and reads
-    # grad mode as True inside it.  The result tensor is still right (no grad).
-    @unittest.skip(_DYNAMO_ASYNC_CRASH)
+    # During the graph break at asyncio.run, torch 2.13.0's Dynamo would
+    # convert the coroutine body's frame (it takes only CO_GENERATOR for a sign
+    # of a suspendable frame) and trace it when it is created, outside the
+    # body's mode: the body would read grad mode as True.  Its steps run with
+    # Dynamo's callback off (_EagerBodyMode), so it reads the decorator's mode.
     def test_compile_calling_decorated_async_grad_mode(self):
         self._check_fn2(self._run_async_snippet(self._COMPILE_FN2))
 
-    # Known torch 2.13.0 Dynamo memory corruption, not caused by this patch:
-    # compiling a function that runs a coroutine through an ``async def``
-    # wrapper, then compiling again, overruns a heap block.  The same script
-    # with a wrapper written outside torch aborts on *stock* torch under
-    # PYTHONMALLOC=debug; with the link-tree install it segfaults.
-    @unittest.skip(_DYNAMO_ASYNC_CRASH)
+    # On CPython 3.11 the frame Dynamo converts (see above) is larger than the
+    # coroutine object made for the original code: a heap overrun that
+    # crashed this sequence at random (and aborts it every time under
+    # PYTHONMALLOC=debug) until bodies were made and stepped with Dynamo's
+    # callback off.  An undecorated ``async def`` called the same way still
+    # hits it on torch 2.13.0.
     def test_compile_two_functions_calling_decorated_async(self):
         res = self._run_async_snippet(self._COMPILE_FN + self._COMPILE_FN2)
         self._check_fn(res)
         self._check_fn2(res)
 
-    @unittest.skip(_DYNAMO_ASYNC_CRASH)
     def test_explain_calling_decorated_async(self):
         res = self._run_async_snippet("""
 e = torch._dynamo.explain(fn)(x_())
@@ -506,8 +502,31 @@ res["graph_break_count"] = e.graph_break_count
 """)
         self.assertGreaterEqual(res["graph_break_count"], 1)
 
-    # The same Dynamo memory corruption as above.
-    @unittest.skip(_DYNAMO_ASYNC_CRASH)
+    def test_compile_calling_decorated_async_generator(self):
+        res = self._run_async_snippet("""
+@torch.inference_mode()
+async def stream(x):
+    for i in range(3):
+        await asyncio.sleep(0)
+        yield (x * i).sum().item(), torch.is_inference_mode_enabled()
+
+@torch.inference_mode()
+async def collect(x):
+    return [item async for item in stream(x)]
+
+def fn3(x):
+    return x + 1, asyncio.run(collect(x))
+
+out3, items = torch.compile(fn3, backend="eager")(x_())
+res["items"] = items
+res["requires_grad3"] = out3.requires_grad
+res["after3"] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
+""")
+        self.assertEqual(res["items"], [[0.0, True], [10.0, True], [20.0, True]])
+        self.assertTrue(res["requires_grad3"])
+        self.assertEqual(res["after3"], [True, False])
+
+    # The same heap overrun as above, without the fix.
     def test_recompile_after_reset_calling_decorated_async(self):
         # torch.compile, torch._dynamo.reset(), then compile (or explain) the same function again.
         res = self._run_async_snippet("""

@@ -176,6 +176,69 @@ def _close_async_generator(agen, pending):
     raise RuntimeError("async generator awaited while being closed")
 
 
+# Dynamo's eval-frame callback, switched off around the steps of a body it
+# must not see (see _EagerBodyMode).  Bound from torch._C, which is loaded
+# already: this imports no part of torch._dynamo.
+_eval_frame = getattr(getattr(_C, "_dynamo", None), "eval_frame", None)
+if _eval_frame is not None:
+    _get_eval_frame_callback = _eval_frame.get_eval_frame_callback
+    _set_eval_frame = _eval_frame.set_eval_frame
+else:  # pragma: no cover - a build without Dynamo
+
+    def _get_eval_frame_callback():
+        return None
+
+    _set_eval_frame = _get_eval_frame_callback
+
+
+class _EagerBodyMode(_BodyMode):
+    """A :class:`_BodyMode` whose body runs with Dynamo's eval-frame callback off.
+
+    Used for coroutines and async generators.  Dynamo (torch 2.13.0) cannot
+    compile them, but takes only ``CO_GENERATOR`` for the sign of a
+    suspendable frame: a coroutine or async generator function called while a
+    compiled region's callback is active -- in a graph break, around
+    ``asyncio.run`` say -- has its frame converted.  The converted body reads
+    grad mode when it is traced, not when it runs; and on CPython 3.11 its
+    ``RETURN_GENERATOR`` copies the converted frame, which is larger, into a
+    coroutine object sized for the original code: a heap overrun, and a crash
+    later.  So the body is made (see :meth:`run`), stepped and closed with
+    the callback off -- eagerly, as under ``torch._dynamo.disable``; what it
+    calls that was compiled explicitly still runs compiled.  Outside a
+    compiled region the callback is off already, and this costs one check a
+    step.
+    """
+
+    __slots__ = ()
+
+    def step(self, method, arg):
+        if _get_eval_frame_callback() is None:
+            return _BodyMode.step(self, method, arg)
+        prior = _set_eval_frame(None)
+        try:
+            return _BodyMode.step(self, method, arg)
+        finally:
+            _set_eval_frame(prior)
+
+    def abandon(self, close):
+        prior = _set_eval_frame(None)
+        try:
+            _BodyMode.abandon(self, close)
+        finally:
+            _set_eval_frame(prior)
+
+    @staticmethod
+    def run(func, *args, **kwargs):
+        """Return ``func(*args, **kwargs)`` -- which makes a body -- called with the callback off."""
+        if _get_eval_frame_callback() is None:
+            return func(*args, **kwargs)
+        prior = _set_eval_frame(None)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+
 class _ParkedState:
     """A suspended body's exact grad-mode state, held by an inference-mode guard.
 
@@ -221,7 +284,8 @@ def _forget_step_locals(tb):
 
 
 _STEP_CODES = frozenset(
-    method.__code__ for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture)
+    method.__code__
+    for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture, _EagerBodyMode.step)
 )
 
 
@@ -335,13 +399,13 @@ def _wrap_coroutine(ctx_factory, func, *, reenter=True):
     """Wrap coroutine function *func* so each step of its body runs under ``ctx_factory()``."""
 
     def start(*args, **kwargs):
-        awaitable = func(*args, **kwargs)
+        awaitable = _EagerBodyMode.run(func, *args, **kwargs)
         # A native coroutine has the generator protocol itself; any other
         # awaitable (from a function merely marked as a coroutine function)
         # is driven through its ``__await__`` iterator.
         if not isinstance(awaitable, types.CoroutineType):
-            awaitable = awaitable.__await__()
-        return _BodyMode(ctx_factory, reenter), awaitable
+            awaitable = _EagerBodyMode.run(awaitable.__await__)
+        return _EagerBodyMode(ctx_factory, reenter), awaitable
 
     drive = types.coroutine(_driver(start))
 
@@ -357,8 +421,8 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
 
     @functools.wraps(func)
     async def async_generator_context(*args, **kwargs):
-        mode = _BodyMode(ctx_factory, reenter)
-        agen = func(*args, **kwargs)
+        mode = _EagerBodyMode(ctx_factory, reenter)
+        agen = _EagerBodyMode.run(func, *args, **kwargs)
         # The body runs only inside the awaitables of asend/athrow; each is
         # driven step by step through the same body mode.  The first one is
         # made with the event loop's async-generator hooks cleared: only this
