@@ -324,7 +324,9 @@ def read_log(path, known):
             status, secs, rel, index, lineno, desc = match.groups()
             m = known.get((rel, int(index)))
             if m is None or m[2] != int(lineno) or m[3] != desc:
-                raise SystemExit(f"{path}: {rel}:{index} is not the same mutant in these sources")
+                # The sources changed there since: that mutant runs again.
+                print(f"{path}: {rel}:{index} (line {lineno}) no longer matches; running it again")
+                continue
             results.append({"file": rel, "index": int(index), "line": int(lineno), "description": desc,
                             "status": status, "seconds": float(secs), "diff": "(from an earlier run)"})
     return results
