@@ -1212,6 +1212,9 @@ class TestDriverDetails(ReliabilityTestCase):
         self.assertTrue(inspect.iscoroutinefunction(dec(coro)))
         self.assertTrue(inspect.isasyncgenfunction(dec(agen)))
         self.assertTrue(dec(old_style)().gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE)
+        # ... and only those: an ordinary generator must not become awaitable.
+        self.assertFalse(inspect.isawaitable(dec(gen)()))
+        self.assertTrue(inspect.isawaitable(dec(old_style)()))
 
         @torch.no_grad()
         async def awaits_old_style():
@@ -1219,6 +1222,15 @@ class TestDriverDetails(ReliabilityTestCase):
             return mode_state()
 
         self.assertEqual(drive(awaits_old_style()), NO_GRAD)
+
+    def test_set_grad_enabled_repr(self):
+        prev = torch.is_grad_enabled()
+        try:
+            cm = torch.set_grad_enabled(False)
+        finally:
+            torch._C._set_grad_enabled(prev)
+        self.assertEqual(repr(cm), "torch.autograd.grad_mode.set_grad_enabled(mode=False)")
+        self.assertEqual(str(cm), repr(cm))
 
     def test_coroutine_function_returning_other_awaitable(self):
         class Awaitable:
