@@ -15,6 +15,8 @@ of PR #49017, extended):
 * :class:`_BodyMode` holds the grad-mode state one running body sees, and runs
   each step of that body with that state switched in and the caller's state
   switched back afterwards -- whatever the step did or raised;
+  :class:`_EagerBodyMode` also keeps Dynamo out of coroutine and
+  async-generator bodies;
 * :func:`_driver` makes the one step driver: it relays ``send``/``throw``/
   ``close`` from the caller to the body, one step at a time, through a
   ``_BodyMode``;
@@ -163,8 +165,8 @@ def _close_async_generator(agen, pending):
 
     *pending* is the ``asend``/``athrow`` awaitable of its last step: if that
     step left the body suspended at an ``await``, the body is closed there.
-    A body that awaits again while closing cannot be finished without an
-    event loop: that is reported, as ``close()`` reports a coroutine that does.
+    A body that awaits again while closing cannot be finished without the
+    event loop, and is left suspended there.
     """
     try:
         if agen.ag_running:
@@ -172,8 +174,9 @@ def _close_async_generator(agen, pending):
         else:
             agen.aclose().send(None)
     except (GeneratorExit, StopIteration, StopAsyncIteration):
-        return
-    raise RuntimeError("async generator awaited while being closed")
+        # Closed; GeneratorExit must not escape _BodyMode.abandon, which
+        # drops only ordinary exceptions.
+        pass
 
 
 # Dynamo's eval-frame callback, switched off around the steps of a body it
