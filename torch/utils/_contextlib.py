@@ -224,11 +224,7 @@ class _EagerBodyMode(_BodyMode):
             _set_eval_frame(prior)
 
     def abandon(self, close):
-        prior = _set_eval_frame(None)
-        try:
-            _BodyMode.abandon(self, close)
-        finally:
-            _set_eval_frame(prior)
+        _EagerBodyMode.run(_BodyMode.abandon, self, close)
 
     @staticmethod
     def run(func, *args, **kwargs):
