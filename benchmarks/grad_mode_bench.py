@@ -138,13 +138,19 @@ def _floor_async_generator(types, around_step):
     return wrapper
 
 
-def _decorator(torch, name):
+def _context(torch, name):
+    """The class and arguments of the context manager *name*."""
     return {
-        "no_grad()": lambda: torch.no_grad(),
-        "enable_grad()": lambda: torch.enable_grad(),
-        "set_grad_enabled(False)": lambda: torch.set_grad_enabled(False),
-        "inference_mode()": lambda: torch.inference_mode(),
+        "no_grad()": (torch.no_grad, ()),
+        "enable_grad()": (torch.enable_grad, ()),
+        "set_grad_enabled(False)": (torch.set_grad_enabled, (False,)),
+        "inference_mode()": (torch.inference_mode, ()),
     }[name]
+
+
+def _decorator(torch, name):
+    cls, args = _context(torch, name)
+    return lambda: cls(*args)
 
 
 def _best(fn, number, repeat):
@@ -182,10 +188,17 @@ def _measure_decorator(torch, name, number, repeat):
     out["call"] = (_best(_noop, number, repeat), _best(limit_around(_noop), number, repeat),
                    _best(decorated, number, repeat))
 
-    # A with block.
-    def with_block():
-        with make():
-            _noop()
+    # A with block, written out as user code writes it (no factory call in
+    # between, as for the floor below).
+    cls, args = _context(torch, name)
+    if args:
+        def with_block():
+            with cls(False):
+                _noop()
+    else:
+        def with_block():
+            with cls():
+                _noop()
     out["with"] = (out["call"][0], out["call"][1], _best(with_block, number, repeat))
     floor_cls = _floor_context(C, target, inference)
 

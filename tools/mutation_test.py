@@ -353,6 +353,8 @@ def main(argv=None):
                    help="the printed output of an earlier run on the same sources: skip the mutants it "
                         "reports and count its results in the score (repeatable)")
     args = p.parse_args(argv)
+    # Tests and probes run with the slot or snapshot as cwd: a relative --python must not break.
+    args.python = os.path.abspath(args.python) if os.sep in args.python else args.python
 
     os.makedirs(args.workdir, exist_ok=True)
     snap = snapshot(args.workdir)

@@ -2,6 +2,12 @@
 from typing import Any
 
 import torch
+
+# The grad-mode ``__enter__``/``__exit__`` methods call these by their bare
+# names: for a ``with`` block, looking up ``torch._C._set_grad_enabled``
+# through two modules costs more than the call itself (#5).  TorchScript,
+# which compiles ``no_grad``, resolves the names to the same builtins.
+from torch._C import _set_grad_enabled, is_grad_enabled
 from torch.utils._contextlib import (
     _DecoratorContextManager,
     _NoParamDecoratorContextManager,
@@ -84,19 +90,19 @@ class no_grad(_NoParamDecoratorContextManager):
         self.prev = False
 
     def __enter__(self) -> None:
-        self.prev = torch.is_grad_enabled()
+        self.prev = is_grad_enabled()
         if torch._jit_internal.is_scripting():
             torch.set_grad_enabled(False)
         else:
             # The C function directly: torch.set_grad_enabled builds another
             # context manager object, which TorchScript needs and eager does not.
-            torch._C._set_grad_enabled(False)
+            _set_grad_enabled(False)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         if torch._jit_internal.is_scripting():
             torch.set_grad_enabled(self.prev)
         else:
-            torch._C._set_grad_enabled(self.prev)
+            _set_grad_enabled(self.prev)
 
     def _grad_mode_effect(self):
         return ("grad", False)
@@ -145,11 +151,11 @@ class enable_grad(_NoParamDecoratorContextManager):
     """
 
     def __enter__(self) -> None:
-        self.prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(True)
+        self.prev = is_grad_enabled()
+        _set_grad_enabled(True)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        torch._C._set_grad_enabled(self.prev)
+        _set_grad_enabled(self.prev)
 
     def _grad_mode_effect(self):
         return ("grad", True)
@@ -196,21 +202,21 @@ class set_grad_enabled(_DecoratorContextManager):
     """
 
     def __init__(self, mode: bool) -> None:
-        self.prev = torch.is_grad_enabled()
+        self.prev = is_grad_enabled()
         self.mode = mode
-        torch._C._set_grad_enabled(mode)
+        _set_grad_enabled(mode)
 
     def __call__(self, orig_func: F) -> F:
         # The constructor already switched the mode, as the function form
         # must; a decorator must not, so undo it before wrapping.
-        torch._C._set_grad_enabled(self.prev)
+        _set_grad_enabled(self.prev)
         return super().__call__(orig_func)
 
     def __enter__(self) -> None:
-        torch._C._set_grad_enabled(self.mode)
+        _set_grad_enabled(self.mode)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        torch._C._set_grad_enabled(self.prev)
+        _set_grad_enabled(self.prev)
 
     def __str__(self) -> str:
         return f"{torch.typename(self)}(mode={self.mode})"
