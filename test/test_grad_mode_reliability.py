@@ -1365,6 +1365,45 @@ class TestDriverDetails(ReliabilityTestCase):
                 self.assertEqual(list(gen()), [False, False])
                 self.assertEqual(log, want)
 
+    def test_no_param_subclass_keeps_cooperative_new(self):
+        # _NoParamDecoratorContextManager looks up the next __new__ once per
+        # class instead of calling super() per block: a base with its own
+        # __new__ later in a subclass's MRO must still be called, by the
+        # subclass and by its own subclasses, in a block and as a bare
+        # decorator.
+        made = []
+
+        class Counted:
+            def __new__(cls, *args, **kwargs):
+                made.append(cls.__name__)
+                return super().__new__(cls)
+
+        class CountedNoGrad(torch.no_grad, Counted):
+            pass
+
+        class Sub(CountedNoGrad):
+            pass
+
+        for cls in (CountedNoGrad, Sub):
+            with self.subTest(cls=cls.__name__):
+                made.clear()
+                with cls():
+                    self.assertFalse(torch.is_grad_enabled())
+                self.assertEqual(made, [cls.__name__])
+                self.assertIsInstance(cls(), cls)
+
+                @cls
+                def plain():
+                    return torch.is_grad_enabled()
+
+                self.assertFalse(plain())
+                self.assertTrue(torch.is_grad_enabled())
+        # Classes without such a base are unaffected.
+        made.clear()
+        with torch.no_grad(), torch.enable_grad():
+            pass
+        self.assertEqual(made, [])
+
 
 # ---------------------------------------------------------------------------
 # The other context managers of torch.autograd.grad_mode

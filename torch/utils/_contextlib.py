@@ -75,9 +75,16 @@ class _BodyMode:
         self._fast = False
         self._parked = None  # see _ParkedState
 
+    # True for bodies that must run with Dynamo's callback off (_EagerBodyMode).
+    _eager = False
+
     def step(self, method, arg):
         """Run ``method(arg)`` -- one step of the body -- under the body's grad-mode state."""
-        if not self._fast or is_inference_mode_enabled():
+        if (
+            not self._fast
+            or is_inference_mode_enabled()
+            or (self._eager and _get_eval_frame_callback() is not None)
+        ):
             return self._guarded_step(method, arg)
         # The fast path: neither side is in inference mode, so switching grad
         # mode is all it takes.  This is the step every generator, coroutine
@@ -213,18 +220,18 @@ class _EagerBodyMode(_BodyMode):
     """
 
     __slots__ = ()
+    _eager = True  # steps with the callback set take _guarded_step
 
-    def step(self, method, arg):
+    def _guarded_step(self, method, arg):
+        # Not through run(): an inference-mode body takes this path on every
+        # step, and run()'s argument packing would cost it a tenth more.
         if _get_eval_frame_callback() is None:
-            return _BodyMode.step(self, method, arg)
+            return _BodyMode._guarded_step(self, method, arg)
         prior = _set_eval_frame(None)
         try:
-            return _BodyMode.step(self, method, arg)
+            return _BodyMode._guarded_step(self, method, arg)
         finally:
             _set_eval_frame(prior)
-
-    def abandon(self, close):
-        _EagerBodyMode.run(_BodyMode.abandon, self, close)
 
     @staticmethod
     def run(func, *args, **kwargs):
@@ -284,7 +291,7 @@ def _forget_step_locals(tb):
 
 _STEP_CODES = frozenset(
     method.__code__
-    for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture, _EagerBodyMode.step)
+    for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture, _EagerBodyMode._guarded_step)
 )
 
 
@@ -638,11 +645,14 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
 
     # What ``super().__new__`` finds, looked up once per class rather than on
     # every ``with torch.no_grad():``, where the ``super()`` call cost about
-    # a sixth of the whole block (#5).  A subclass gets its own, from its own
-    # MRO, so a base with a ``__new__`` of its own mixed in after this class
-    # is still called.
+    # a sixth of the whole block (#5).  A subclass whose MRO puts a base with
+    # a ``__new__`` of its own after this class gets that one.  Others
+    # inherit this entry: TorchScript refuses to compile a class (no_grad)
+    # that holds a builtin such as object.__new__ in its own namespace.
     __new_instance = object.__new__
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.__new_instance = super(_NoParamDecoratorContextManager, cls).__new__
+        new = super(_NoParamDecoratorContextManager, cls).__new__
+        if new is not cls.__new_instance:
+            cls.__new_instance = new
