@@ -1365,6 +1365,49 @@ class TestDriverDetails(ReliabilityTestCase):
                 self.assertEqual(list(gen()), [False, False])
                 self.assertEqual(log, want)
 
+    def test_private_wrappers_keep_upstream_signature(self):
+        # torch 2.13.0's _wrap_generator(ctx_factory, func) enters a fresh
+        # context around every step; the async twins follow it.  Called that
+        # way (no reenter argument, as context_decorator never does), they
+        # must still re-enter: the default is for such callers.
+        from torch.utils._contextlib import _wrap_async_generator, _wrap_coroutine, _wrap_generator
+
+        log = []
+
+        class Counting:
+            def __enter__(self):
+                log.append("enter")
+
+            def __exit__(self, *exc):
+                log.append("exit")
+
+        def gen():
+            yield 1
+            yield 2
+
+        async def coro():
+            await suspend()
+            await suspend()
+            return 3
+
+        async def agen():
+            await suspend()
+            yield 4
+
+        async def consume(it):
+            return [v async for v in it]
+
+        cases = [
+            ("generator", lambda: list(_wrap_generator(Counting, gen)()), [1, 2], 3),
+            ("coroutine", lambda: drive(_wrap_coroutine(Counting, coro)()), 3, 3),
+            ("async generator", lambda: drive(consume(_wrap_async_generator(Counting, agen)())), [4], 3),
+        ]
+        for kind, run, result, steps in cases:
+            with self.subTest(kind):
+                log.clear()
+                self.assertEqual(run(), result)
+                self.assertEqual(log, ["enter", "exit"] * steps)
+
     def test_no_param_subclass_keeps_cooperative_new(self):
         # _NoParamDecoratorContextManager looks up the next __new__ once per
         # class instead of calling super() per block: a base with its own
