@@ -1514,6 +1514,22 @@ class TestOtherGradModeContextManagers(ReliabilityTestCase):
         finally:
             torch._C._set_multithreading_enabled(True)
 
+    def test_one_object_entered_twice(self):
+        # The constructor switches the setting (the function form), __exit__
+        # puts the old value back, and a second ``with`` on the same object
+        # switches it again: __enter__ applies the mode too.  (As in torch
+        # 2.13.0, set_multithreading_enabled and enforce_grad_layout_policy
+        # apply it only in the constructor, so they are not reusable.)
+        switches = [s for s in self.SWITCHES if s[0] == "_force_original_view_tracking"] + [
+            ("set_grad_enabled", torch.set_grad_enabled, torch.is_grad_enabled, True)]
+        for name, cls, query, default in switches:
+            with self.subTest(name):
+                cm = cls(not default)
+                for _ in range(2):
+                    with cm:
+                        self.assertEqual(query(), not default)
+                    self.assertEqual(query(), default)
+
     def test_function_form(self):
         for name, cls, query, default in self.SWITCHES:
             with self.subTest(name):
