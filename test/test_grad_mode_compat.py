@@ -526,6 +526,35 @@ res["after3"] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
         self.assertTrue(res["requires_grad3"])
         self.assertEqual(res["after3"], [True, False])
 
+    # After its first step a body takes the fast path; that path too must
+    # switch Dynamo's callback off while the caller is in a graph break, or
+    # an undecorated coroutine the body creates there (helper below) has its
+    # frame converted: the heap overrun again.
+    def test_compile_decorated_async_creating_coroutine_after_suspending(self):
+        res = self._run_async_snippet("""
+async def helper(x):
+    await asyncio.sleep(0)
+    return x * 3, torch.is_grad_enabled()
+
+@torch.no_grad()
+async def later(x):
+    for _ in range(3):
+        await asyncio.sleep(0)  # a few fast-path steps first
+    return await helper(x)
+
+def fn4(x):
+    y, grad = asyncio.run(later(x))
+    return x + y, grad
+
+out4, grad4 = torch.compile(fn4, backend="eager")(x_())
+res["values4"] = out4.detach().tolist()
+res["grad4"] = grad4
+res["requires_grad4"] = out4.requires_grad
+""")
+        self.assertEqual(res["values4"], (_x().detach() * 4).tolist())
+        self.assertFalse(res["grad4"])
+        self.assertTrue(res["requires_grad4"])  # via "x +"
+
     # The same heap overrun as above, without the fix.
     def test_recompile_after_reset_calling_decorated_async(self):
         # torch.compile, torch._dynamo.reset(), then compile (or explain) the same function again.

@@ -1514,6 +1514,17 @@ class TestOtherGradModeContextManagers(ReliabilityTestCase):
         finally:
             torch._C._set_multithreading_enabled(True)
 
+    def test_enforce_grad_layout_policy_default(self):
+        # Without an argument it enforces the layout contract (enable=True).
+        from torch.autograd.grad_mode import enforce_grad_layout_policy
+
+        query = torch._C._is_grad_layout_enforcement_enabled
+        with enforce_grad_layout_policy(False):
+            with enforce_grad_layout_policy():
+                self.assertTrue(query())
+            self.assertFalse(query())
+        self.assertTrue(query())
+
     def test_one_object_entered_twice(self):
         # The constructor switches the setting (the function form), __exit__
         # puts the old value back, and a second ``with`` on the same object
