@@ -1514,6 +1514,16 @@ class TestOtherGradModeContextManagers(ReliabilityTestCase):
         finally:
             torch._C._set_multithreading_enabled(True)
 
+    def test_inference_mode_object_kept_alive(self):
+        # The guard must be exited at the end of the block, not when the
+        # inference_mode object happens to be freed.
+        cm = torch.inference_mode()
+        for _ in range(2):
+            with cm:
+                self.assertTrue(torch.is_inference_mode_enabled())
+            self.assertFalse(torch.is_inference_mode_enabled())
+            self.assertEqual(mode_state(), PLAIN)
+
     def test_enforce_grad_layout_policy_default(self):
         # Without an argument it enforces the layout contract (enable=True).
         from torch.autograd.grad_mode import enforce_grad_layout_policy
