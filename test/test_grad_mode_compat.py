@@ -334,6 +334,10 @@ def _stock_results():
     """Run every probe once in a stock-torch subprocess."""
     env = dict(os.environ)
     env[STOCK_ENV_SWITCH] = "0"
+    # Stock means the wheel's torch.  A PYTHONPATH may lay another torch over
+    # it (tools/mutation_test.py puts each mutant there); the reference must
+    # not load that too.
+    env.pop("PYTHONPATH", None)
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         "import json, sys; sys.path.insert(0, {!r}); import test_grad_mode_compat as m; "
