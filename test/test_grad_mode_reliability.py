@@ -1415,11 +1415,17 @@ class TestDriverDetails(ReliabilityTestCase):
         # subclass and by its own subclasses, in a block and as a bare
         # decorator.
         made = []
+        subclassed = []
 
         class Counted:
             def __new__(cls, *args, **kwargs):
                 made.append(cls.__name__)
                 return super().__new__(cls)
+
+            def __init_subclass__(cls, **kwargs):
+                # Reached through _NoParamDecoratorContextManager's own hook.
+                super().__init_subclass__(**kwargs)
+                subclassed.append(cls.__name__)
 
         class CountedNoGrad(torch.no_grad, Counted):
             pass
@@ -1427,6 +1433,7 @@ class TestDriverDetails(ReliabilityTestCase):
         class Sub(CountedNoGrad):
             pass
 
+        self.assertEqual(subclassed, ["CountedNoGrad", "Sub"])
         for cls in (CountedNoGrad, Sub):
             with self.subTest(cls=cls.__name__):
                 made.clear()
