@@ -38,6 +38,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -293,16 +294,36 @@ def probe(root, python):
         raise SystemExit(f"probe: torch in {root} resolves to {files}, not {want}")
 
 
+# The test runs in flight.  Each runs in a process group of its own, so that
+# a run that times out -- or a harness that is stopped, while a mutant makes a
+# test spin for ever -- leaves no pytest (or subprocess of one) behind.
+_RUNNING = set()
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_tests(root, snap, python, timeout, k_expr, test_files=None):
     tests = [t for t in (test_files or TEST_FILES) if os.path.exists(os.path.join(snap, t))]
     cmd = [python, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-k", k_expr]
     start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=tree_env(root), cwd=snap, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _RUNNING.add(proc)
     try:
-        out = subprocess.run(cmd, env=tree_env(root), cwd=snap, capture_output=True, text=True, timeout=timeout)
+        stdout, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
         return "timeout", time.monotonic() - start, ""
-    tail = "\n".join(out.stdout.strip().splitlines()[-3:])
-    return ("survived" if out.returncode == 0 else "killed"), time.monotonic() - start, tail
+    finally:
+        _RUNNING.discard(proc)
+    tail = "\n".join(stdout.strip().splitlines()[-3:])
+    return ("survived" if proc.returncode == 0 else "killed"), time.monotonic() - start, tail
 
 
 # ---------------------------------------------------------------------------
@@ -392,6 +413,16 @@ def main(argv=None):
             print(f"{rel}:{index} line {line}: {desc}")
         return 0
 
+    # Stopped with SIGTERM (kill, a session ending) as with Ctrl-C: run the cleanup below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return _run(args, snap, sources, mutants, earlier, total)
+    finally:
+        for proc in list(_RUNNING):
+            _kill_group(proc)
+
+
+def _run(args, snap, sources, mutants, earlier, total):
     # One tree per job slot, checked, and the unmutated snapshot must pass.
     slots = [os.path.join(args.workdir, f"slot{i}") for i in range(max(1, args.jobs))]
     for root in slots:
@@ -425,12 +456,16 @@ def main(argv=None):
             write_module(root, rel, sources[rel])
             free.append(root)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(slots)) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(slots))
+    try:
         for n, (m, status, secs, tail, diff) in enumerate(pool.map(run_one, mutants), 1):
             rel, index, line, desc = m
             print(f"[{n}/{len(mutants)}] {status:8s} {secs:5.0f}s {rel}:{index} line {line}: {desc}", flush=True)
             results.append({"file": rel, "index": index, "line": line, "description": desc,
                             "status": status, "seconds": round(secs, 1), "diff": diff})
+    finally:
+        # Stopped early: start no more mutants (main() kills the runs in flight).
+        pool.shutdown(wait=False, cancel_futures=True)
 
     killed = sum(r["status"] in ("killed", "timeout") for r in results)
     survivors = [r for r in results if r["status"] == "survived"]
