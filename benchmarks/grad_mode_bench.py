@@ -190,12 +190,14 @@ def _measure_decorator(torch, name, number, repeat):
     out["call"] = (_best(_noop, number, repeat), _best(limit_around(_noop), number, repeat),
                    _best(decorated, number, repeat))
 
-    # A with block, written out as user code writes it (no factory call in
-    # between, as for the floor below).
+    # A with block, written out as user code writes it (no factory call or
+    # argument unpacking in between, as for the floor below).
     cls, args = _context(torch, name)
     if args:
+        (arg,) = args
+
         def with_block():
-            with cls(False):
+            with cls(arg):
                 _noop()
     else:
         def with_block():
