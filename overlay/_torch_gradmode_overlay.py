@@ -13,6 +13,7 @@ The tree is rebuilt when the torch install or the set of owned files changes.
 Set ``TORCH_GRADMODE_OVERLAY=0`` to run one process against stock torch.
 """
 
+import importlib.abc
 import importlib.util
 import os
 import shutil
@@ -43,9 +44,10 @@ def wheel_torch_dir():
     """Locate the installed ``torch`` package without importing it."""
     # find_spec consults sys.path, so it must run before the tree is put on it.
     spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
+    # A checkout's own torch/ (no __init__.py) is only a namespace package.
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return None
-    return os.path.realpath(list(spec.submodule_search_locations)[0])
+    return os.path.dirname(os.path.realpath(spec.origin))
 
 
 def torch_version(torch_dir):
@@ -116,6 +118,45 @@ def _tree_is_current(torch_dir, owned):
         return False
 
 
+class _BindingRegistrar(importlib.abc.MetaPathFinder):
+    """Adds the patch's C++ binding to ``torch._C`` as soon as ``torch._C`` is loaded.
+
+    Upstream, ``torch._C`` registers the binding itself; over a prebuilt wheel
+    it comes from ``_torch_gradmode_C``, built by the install.  It must be in
+    place before ``torch.utils._contextlib`` is imported, which ``import torch``
+    does right after loading ``torch._C``.
+    """
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._C":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        try:
+            import _torch_gradmode_C
+        except ImportError as exc:
+            raise ImportError(
+                f"torch grad-mode patch: its C++ half is not built ({exc}); reinstall the patch "
+                f"(pip install -e {CHECKOUT}) or set {ENV_SWITCH}=0 for stock torch"
+            ) from None
+        _torch_gradmode_C.register_into(module)
+
+
 def activate():
     """Put the link tree first on ``sys.path``; called from the ``.pth`` file at start-up."""
     if os.environ.get(ENV_SWITCH, "1") == "0" or TREE_ROOT in sys.path:
@@ -129,6 +170,7 @@ def activate():
     if not _tree_is_current(torch_dir, owned):
         build_tree(torch_dir, owned)
     sys.path.insert(0, TREE_ROOT)
+    sys.meta_path.insert(0, _BindingRegistrar())
 
 
 def _activate_from_pth():
