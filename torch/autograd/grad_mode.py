@@ -86,6 +86,9 @@ class no_grad(_NoParamDecoratorContextManager):
     """
 
     def __init__(self) -> None:
+        if not torch._jit_internal.is_scripting():
+            # A mixin's __init__ runs, as in torch 2.13.0.
+            super().__init__()
         # Declares ``prev`` for TorchScript, which compiles this class.
         self.prev = False
 
@@ -296,6 +299,8 @@ class inference_mode(_DecoratorContextManager):
     """
 
     def __init__(self, mode: bool = True) -> None:
+        if not torch._jit_internal.is_scripting():
+            super().__init__()
         self.mode = mode
 
     def __new__(cls, mode=True):
@@ -310,9 +315,8 @@ class inference_mode(_DecoratorContextManager):
         )
 
     def __enter__(self) -> None:
-        # The guard engages when it is created (its own __enter__ does
-        # nothing) and puts the previous state back on __exit__.
         self._inference_mode_context = torch._C._InferenceMode(self.mode)
+        self._inference_mode_context.__enter__()
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self._inference_mode_context.__exit__(exc_type, exc_value, traceback)

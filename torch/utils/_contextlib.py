@@ -9,22 +9,35 @@ thread runs someone else's code.  Grad mode and inference mode are thread-local
 C++ state, not Python frame state, so a mode set by the body would leak to
 whoever runs next, and a mode set by the caller would leak into the body.
 
-This module therefore treats every suspendable body the same way (the design
-of PR #49017, extended):
+What the decorators own is the thread's *autograd mode state*: its
+``c10::AutogradState`` (grad mode, inference mode, forward AD,
+multithreading, view replay, grad-layout enforcement) and the dispatch key
+bits inference mode toggles.  A decorated body carries its own from step to
+step, starting from the caller's with the decorator's ``with`` block applied;
+the caller gets its own back exactly after every step.  Every other piece of
+thread state (autocast, dispatch and torch-function modes and their keys,
+other dispatch key bits, saved-tensor hooks) is never read or written here: a
+decorated body changes it exactly as it would undecorated.  Only that split
+can be kept exact: suspended bodies resume in any order, so restoring
+everything a step changed would undo what the body meant to leave in force,
+and no guard can restore a part of the state; hence
+``torch._C._swap_autograd_mode_state``, which installs a saved state and
+returns the one it replaced (torch/csrc/autograd/python_autograd_mode_state.cpp).
 
-* :class:`_BodyMode` holds the grad-mode state one running body sees, and runs
-  each step of that body with that state switched in and the caller's state
-  switched back afterwards -- whatever the step did or raised;
-  :class:`_EagerBodyMode` also keeps Dynamo out of coroutine and
-  async-generator bodies;
+This module treats every suspendable body the same way (the design of PR
+#49017, extended):
+
+* :class:`_BodyMode` holds the state of one running body and the cases in
+  which a step takes more than a swap: the first step, a context without a
+  known effect (:class:`_ReenteringBodyMode`), a body Dynamo must not see;
 * :func:`_driver` makes the one step driver: it relays ``send``/``throw``/
-  ``close`` from the caller to the body, one step at a time, through a
-  ``_BodyMode``;
+  ``close`` from the caller to the body, one step at a time;
 * thin wrappers make a generator function, a coroutine function or an async
   generator function of the same kind around it;
 * :func:`context_decorator` picks the wrapper by the kind of function.
 """
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -35,7 +48,12 @@ from typing import Any, cast, overload, TypeVar
 from typing_extensions import Self
 
 import torch._C as _C
-from torch._C import _set_grad_enabled, is_grad_enabled, is_inference_mode_enabled
+from torch._C import (
+    _get_autograd_mode_state,
+    _set_grad_enabled,
+    _swap_autograd_mode_state,
+    is_grad_enabled,
+)
 
 
 # Used for annotating the decorator usage of _DecoratorContextManager (e.g.,
@@ -51,116 +69,87 @@ F = TypeVar("F", bound=FuncType)
 
 
 class _BodyMode:
-    """The grad-mode state of one suspendable body, switched in around each of its steps.
+    """The autograd mode state of one suspendable body, for a context with a known effect.
 
-    The body's state is what it would see running uninterrupted on a thread of
-    its own: at its first step, the caller's state with the decorator's context
-    entered; after that, whatever the body itself left in force when it last
-    suspended (an open ``with torch.enable_grad():`` stays open for it across a
-    ``yield``).  After every step the caller's state is back as it was.
+    ``state`` is the body's state, swapped in around each step by
+    :func:`_driver`: what the body would see running uninterrupted on a thread
+    of its own.  It is None until the first step, which goes through
+    :meth:`step`; so do the steps of a body Dynamo must not see.
     """
 
-    __slots__ = ("_ctx_factory", "_reenter", "_grad", "_inference", "_fast", "_parked")
+    __slots__ = ("state", "eager", "_ctx_factory")
 
-    def __init__(self, ctx_factory, reenter):
+    def __init__(self, ctx_factory, eager):
         self._ctx_factory = ctx_factory
-        # True for context managers whose effect is not captured by grad mode
-        # and inference mode alone: they are entered afresh around every step,
-        # as torch 2.13.0 did for all of them.
-        self._reenter = reenter
-        self._grad = None  # the body's grad mode; None until its first step
-        self._inference = False  # the body's inference mode
-        # True when the next step may take the fast path: the body has started,
-        # is not in inference mode and needs no context re-entered.
-        self._fast = False
-        self._parked = None  # see _ParkedState
-
-    # True for bodies that must run with Dynamo's callback off (_EagerBodyMode).
-    _eager = False
+        # True for coroutines and async generators: see _without_dynamo.
+        self.eager = eager
+        self.state = None
 
     def step(self, method, arg):
-        """Run ``method(arg)`` -- one step of the body -- under the body's grad-mode state."""
-        if (
-            not self._fast
-            or is_inference_mode_enabled()
-            or (self._eager and _get_eval_frame_callback() is not None)
-        ):
-            return self._guarded_step(method, arg)
-        # The fast path: neither side is in inference mode, so switching grad
-        # mode is all it takes.  This is the step every generator, coroutine
-        # and async generator takes in the common case; keep it lean.
-        # Setting grad mode costs twice what reading it does: skip the
-        # switches that would not change it (a ``no_grad`` generator consumed
-        # inside ``no_grad``, an ``enable_grad`` one in ordinary code).
-        caller_grad = is_grad_enabled()
-        if self._grad is not caller_grad:
-            _set_grad_enabled(self._grad)
+        """Run ``method(arg)``, one step of the body, where more than a swap is needed."""
+        if self.eager and _get_eval_frame_callback() is not None:
+            return _without_dynamo(self._step, method, arg)
+        return self._step(method, arg)
+
+    def _step(self, method, arg):
+        if self.state is None:
+            # The body starts from the caller's state with the context applied.
+            with self._ctx_factory():
+                self.state = _get_autograd_mode_state()
+        caller = _swap_autograd_mode_state(self.state)
         try:
             return method(arg)
         finally:
-            body_grad = self._grad = is_grad_enabled()
-            if is_inference_mode_enabled():
-                # The body is suspended inside (or returned out of) an
-                # inference-mode block it opened: park its state, which takes
-                # the thread out of inference mode for the caller and turns
-                # grad mode on, so grad mode must then be restored too.
-                self._inference = True
-                self._fast = False
-                self._parked = _ParkedState()
-                _set_grad_enabled(caller_grad)
-            elif body_grad is not caller_grad:
-                _set_grad_enabled(caller_grad)
-
-    def _guarded_step(self, method, arg):
-        first = self._grad is None
-        if first:
-            # The body starts in the caller's state, with the context entered below.
-            self._grad = is_grad_enabled()
-            self._inference = is_inference_mode_enabled()
-        # The guard snapshots the caller's whole grad-mode state -- grad mode,
-        # inference mode and the dispatch keys inference mode toggles -- and
-        # restores it exactly on exit, whatever the body does meanwhile.
-        guard = _C._InferenceMode(self._inference)
-        try:
-            if self._parked is not None:
-                parked, self._parked = self._parked, None
-                parked.restore()
-            elif self._grad is self._inference:
-                # _InferenceMode(x) sets grad mode to ``not x``; the body wants otherwise.
-                _set_grad_enabled(self._grad)
-            if first or self._reenter:
-                with self._ctx_factory():
-                    return self._capture(method, arg)
-            return self._capture(method, arg)
-        finally:
-            guard.__exit__(None, None, None)
-            self._fast = not (self._reenter or self._inference)
+            self.state = _swap_autograd_mode_state(caller)
 
     def abandon(self, close):
-        """Run ``close()``, which closes a body left suspended by a failed step, in the body's mode.
+        """Run ``close()``, which closes a body left suspended by a failed step, in the body's state.
 
         Only a re-entered context can fail a step without the body's help (its
         ``clone``, ``__enter__`` or ``__exit__`` raised).  Dropping the body
-        would close it later in whatever mode the thread then has, and its own
-        ``with`` exits would force their saved modes onto that code; so close
-        it now, without the failing context.  What closing raises is dropped:
-        the failure already propagating is the one to report.
+        would close it later in whatever state the thread then has, and its
+        own ``with`` exits would force their saved modes onto that code; so
+        close it now, without the failing context.  What closing raises is
+        dropped: the failure already propagating is the one to report.
         """
-        self._reenter = False
+        self._ctx_factory = contextlib.nullcontext
         try:
-            self._guarded_step(_call, close)
+            self.step(_call, close)
         except Exception:
             pass
 
-    def _capture(self, method, arg):
+
+class _ReenteringBodyMode(_BodyMode):
+    """A :class:`_BodyMode` for a context without a known effect, entered afresh around every step.
+
+    That is what torch 2.13.0 did for every context (``dual_level``,
+    third-party subclasses): their effect may be more than autograd mode
+    state.  The body still carries its own autograd mode state from step to
+    step, as it saw it inside the context.
+    """
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, ctx_factory, eager):
+        super().__init__(ctx_factory, eager)
+        self._saved = None  # ``state`` stays None: every step goes through step()
+
+    def _step(self, method, arg):
+        caller = _get_autograd_mode_state()
+        if self._saved is not None:
+            _swap_autograd_mode_state(self._saved)
         try:
-            return method(arg)
+            with self._ctx_factory():
+                try:
+                    return method(arg)
+                finally:
+                    self._saved = _get_autograd_mode_state()
         finally:
-            # Whatever the step did -- suspend, return or raise -- what is in
-            # force now (inside the context, as the body saw it) is the
-            # body's state for its next step.
-            self._grad = is_grad_enabled()
-            self._inference = is_inference_mode_enabled()
+            _swap_autograd_mode_state(caller)
+
+
+def _body_mode(ctx_factory, reenter, eager):
+    return (_ReenteringBodyMode if reenter else _BodyMode)(ctx_factory, eager)
 
 
 def _call(function):
@@ -187,7 +176,7 @@ def _close_async_generator(agen, pending):
 
 
 # Dynamo's eval-frame callback, switched off around the steps of a body it
-# must not see (see _EagerBodyMode).  Bound from torch._C, which is loaded
+# must not see (see _without_dynamo).  Bound from torch._C, which is loaded
 # already: this imports no part of torch._dynamo.
 _eval_frame = getattr(getattr(_C, "_dynamo", None), "eval_frame", None)
 if _eval_frame is not None:
@@ -201,85 +190,43 @@ else:  # pragma: no cover - a build without Dynamo
     _set_eval_frame = _get_eval_frame_callback
 
 
-class _EagerBodyMode(_BodyMode):
-    """A :class:`_BodyMode` whose body runs with Dynamo's eval-frame callback off.
+def _without_dynamo(func, *args, **kwargs):
+    """Return ``func(*args, **kwargs)``, called with Dynamo's eval-frame callback off.
 
-    Used for coroutines and async generators.  Dynamo (torch 2.13.0) cannot
-    compile them, but takes only ``CO_GENERATOR`` for the sign of a
-    suspendable frame: a coroutine or async generator function called while a
-    compiled region's callback is active -- in a graph break, around
-    ``asyncio.run`` say -- has its frame converted.  The converted body reads
-    grad mode when it is traced, not when it runs; and on CPython 3.11 its
-    ``RETURN_GENERATOR`` copies the converted frame, which is larger, into a
-    coroutine object sized for the original code: a heap overrun, and a crash
-    later.  So the body is made (see :meth:`run`), stepped and closed with
-    the callback off -- eagerly, as under ``torch._dynamo.disable``; what it
-    calls that was compiled explicitly still runs compiled.  Outside a
-    compiled region the callback is off already, and this costs one check a
-    step.
+    Used to make, step and close coroutine and async-generator bodies.
+    Dynamo (torch 2.13.0) cannot compile them, but takes only
+    ``CO_GENERATOR`` for the sign of a suspendable frame: a coroutine or async
+    generator function called while a compiled region's callback is active --
+    in a graph break, around ``asyncio.run`` say -- has its frame converted.
+    The converted body reads grad mode when it is traced, not when it runs;
+    and on CPython 3.11 its ``RETURN_GENERATOR`` copies the converted frame,
+    which is larger, into a coroutine object sized for the original code: a
+    heap overrun, and a crash later.  So such bodies run eagerly, as under
+    ``torch._dynamo.disable``; what they call that was compiled explicitly
+    still runs compiled.  Outside a compiled region the callback is off
+    already, and this costs one check.
     """
-
-    __slots__ = ()
-    _eager = True  # steps with the callback set take _guarded_step
-
-    def _guarded_step(self, method, arg):
-        # Not through run(): an inference-mode body takes this path on every
-        # step, and run()'s argument packing would cost it a tenth more.
-        if _get_eval_frame_callback() is None:
-            return _BodyMode._guarded_step(self, method, arg)
-        prior = _set_eval_frame(None)
-        try:
-            return _BodyMode._guarded_step(self, method, arg)
-        finally:
-            _set_eval_frame(prior)
-
-    @staticmethod
-    def run(func, *args, **kwargs):
-        """Return ``func(*args, **kwargs)`` -- which makes a body -- called with the callback off."""
-        if _get_eval_frame_callback() is None:
-            return func(*args, **kwargs)
-        prior = _set_eval_frame(None)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            _set_eval_frame(prior)
+    if _get_eval_frame_callback() is None:
+        return func(*args, **kwargs)
+    prior = _set_eval_frame(None)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _set_eval_frame(prior)
 
 
-class _ParkedState:
-    """A suspended body's exact grad-mode state, held by an inference-mode guard.
-
-    Made only when a body suspends inside an inference-mode block that it
-    opened on the fast path of ``_BodyMode.step``, its caller not being in
-    inference mode.  ``torch._C._InferenceMode`` engages when it is
-    created and, when it is exited or destroyed, forces the thread back to the
-    state it found: here, the body's.  Creating it leaves the thread in
-    ordinary mode for the caller.
-    """
-
-    __slots__ = ("_guard",)
-
-    def __init__(self):
-        self._guard = _C._InferenceMode(False)
-
-    def restore(self):
-        """Force the body's state back; the caller's must already be saved."""
-        guard, self._guard = self._guard, None
-        guard.__exit__(None, None, None)
-
-    def __del__(self):
-        # A body dropped while parked must not force its state onto whatever
-        # code the collector interrupts: restore it inside a guard that puts
-        # the current state straight back.
-        if self._guard is not None:
-            around = _C._InferenceMode(is_inference_mode_enabled())
-            try:
-                self.restore()
-            finally:
-                around.__exit__(None, None, None)
+def _is_suspended(body):
+    """Whether *body*, a generator or coroutine, is suspended at a ``yield`` or ``await``."""
+    # inspect rather than gi_suspended/cr_suspended, which Python 3.10 lacks.
+    if isinstance(body, types.GeneratorType):
+        return inspect.getgeneratorstate(body) == inspect.GEN_SUSPENDED
+    if isinstance(body, types.CoroutineType):
+        return inspect.getcoroutinestate(body) == inspect.CORO_SUSPENDED
+    return False
 
 
 def _forget_step_locals(tb):
-    """Clear the locals of the finished ``_BodyMode`` frames in traceback *tb*."""
+    """Clear the locals of the finished step frames in traceback *tb*."""
     while tb is not None:
         if tb.tb_frame.f_code in _STEP_CODES:
             try:
@@ -290,8 +237,7 @@ def _forget_step_locals(tb):
 
 
 _STEP_CODES = frozenset(
-    method.__code__
-    for method in (_BodyMode.step, _BodyMode._guarded_step, _BodyMode._capture, _EagerBodyMode._guarded_step)
+    f.__code__ for f in (_BodyMode.step, _BodyMode._step, _ReenteringBodyMode._step, _without_dynamo)
 )
 
 
@@ -301,16 +247,18 @@ _STEP_CODES = frozenset(
 
 
 def _driver(start):
-    """Return a generator function that runs a body step by step under its mode.
+    """Return a generator function that runs a body step by step in its own state.
 
     ``start(*args, **kwargs)`` returns ``(mode, body)``: a :class:`_BodyMode`
     and anything with the generator protocol -- a generator, a coroutine, or
     the awaitable of one ``asend``/``athrow`` of an async generator.
     The driver relays its caller's ``send``/``throw``/``close`` to the body,
-    each as one ``mode.step``.  It is the wrapper itself (not something the
-    wrapper delegates to with ``yield from``), so that a generator that
-    ignores ``GeneratorExit`` stays suspended, and resumable, as it would
-    undecorated.
+    one step each.  It is the wrapper itself (not something the wrapper
+    delegates to with ``yield from``), so that a generator that ignores
+    ``GeneratorExit`` stays suspended, and resumable, as it would undecorated;
+    and it runs the common step itself, so that a step costs one Python frame
+    on top of the body's, as in torch 2.13.0 (a decorated recursive generator
+    reaches the same depth).
     """
 
     def drive(*args, **kwargs):
@@ -318,6 +266,7 @@ def _driver(start):
         # The arguments may hold an exception (an athrow awaitable does),
         # whose traceback would hold this frame: keep no reference.
         del args, kwargs
+        eager = mode.eager
         send = body.send  # bound once: every step but a throw uses it
         # A new body is started by sending it None.
         method, arg = send, None
@@ -327,17 +276,27 @@ def _driver(start):
                 # the caller threw; drop it once delivered, or its traceback
                 # (which holds this frame) would keep it alive.
                 try:
-                    response = mode.step(method, arg)
+                    state = mode.state
+                    if state is None or (eager and _get_eval_frame_callback() is not None):
+                        # The first step, a re-entered context, or Dynamo to keep out.
+                        response = mode.step(method, arg)
+                    else:
+                        # Every other step: the body's state in, the caller's back.
+                        caller = _swap_autograd_mode_state(state)
+                        try:
+                            response = method(arg)
+                        finally:
+                            mode.state = _swap_autograd_mode_state(caller)
                 finally:
                     arg = None
                 try:
                     # Hand the body's value to our caller, outside the body's
-                    # mode, and wait for the caller's next request.
+                    # state, and wait for the caller's next request.
                     arg = yield response
                 except BaseException as exc:
                     # The caller threw into us, or closed us (GeneratorExit).
                     # Deliver the exception where the body is suspended, in
-                    # its mode: its ``except`` and ``finally`` blocks and
+                    # its state: its ``except`` and ``finally`` blocks and
                     # ``with`` exits see what they would undecorated.
                     # GeneratorExit goes the same way, so a body that yields
                     # in response makes our caller's close() fail as it would
@@ -355,10 +314,10 @@ def _driver(start):
             # The body returned: return its value too (PEP 380).
             return stop.value
         except BaseException as exc:
-            if getattr(body, "gi_suspended", False) or getattr(body, "cr_suspended", False):
+            if _is_suspended(body):
                 # The step failed outside the body: see _BodyMode.abandon.
                 mode.abandon(body.close)
-            elif getattr(body, "cr_frame", None) is not None and not body.cr_running:
+            elif isinstance(body, types.CoroutineType) and inspect.getcoroutinestate(body) == inspect.CORO_CREATED:
                 # The first step failed before the coroutine started: closing
                 # it runs none of its code, and keeps Python from warning
                 # that it was never awaited -- our caller did await it.
@@ -391,7 +350,7 @@ def _wrap_generator(ctx_factory, func, *, reenter=True):
     """
 
     def start(*args, **kwargs):
-        return _BodyMode(ctx_factory, reenter), func(*args, **kwargs)
+        return _body_mode(ctx_factory, reenter, eager=False), func(*args, **kwargs)
 
     generator_context = functools.wraps(func)(_driver(start))
     code = getattr(func, "__code__", None)
@@ -405,13 +364,13 @@ def _wrap_coroutine(ctx_factory, func, *, reenter=True):
     """Wrap coroutine function *func* so each step of its body runs under ``ctx_factory()``."""
 
     def start(*args, **kwargs):
-        awaitable = _EagerBodyMode.run(func, *args, **kwargs)
+        awaitable = _without_dynamo(func, *args, **kwargs)
         # A native coroutine has the generator protocol itself; any other
         # awaitable (from a function merely marked as a coroutine function)
         # is driven through its ``__await__`` iterator.
         if not isinstance(awaitable, types.CoroutineType):
-            awaitable = _EagerBodyMode.run(awaitable.__await__)
-        return _EagerBodyMode(ctx_factory, reenter), awaitable
+            awaitable = _without_dynamo(awaitable.__await__)
+        return _body_mode(ctx_factory, reenter, eager=True), awaitable
 
     drive = types.coroutine(_driver(start))
 
@@ -427,8 +386,8 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
 
     @functools.wraps(func)
     async def async_generator_context(*args, **kwargs):
-        mode = _EagerBodyMode(ctx_factory, reenter)
-        agen = _EagerBodyMode.run(func, *args, **kwargs)
+        mode = _body_mode(ctx_factory, reenter, eager=True)
+        agen = _without_dynamo(func, *args, **kwargs)
         # The body runs only inside the awaitables of asend/athrow; each is
         # driven step by step through the same body mode.  The first one is
         # made with the event loop's async-generator hooks cleared: only this

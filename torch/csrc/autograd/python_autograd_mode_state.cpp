@@ -124,12 +124,8 @@ void init_autograd_mode_state(PyObject* module) {
           reinterpret_cast<PyObject*>(&THPAutogradModeStateType)) < 0) {
     throw python_error();
   }
-  for (PyMethodDef* def = methods; def->ml_name; ++def) {
-    PyObject* function = PyCFunction_NewEx(def, nullptr, nullptr);
-    if (!function || PyModule_AddObject(module, def->ml_name, function) < 0) {
-      Py_XDECREF(function);
-      throw python_error();
-    }
+  if (PyModule_AddFunctions(module, methods) < 0) {
+    throw python_error();
   }
 }
 
