@@ -29,8 +29,29 @@ class Boom(Exception):
 
 
 def mode_state():
-    """The grad-mode state a body or a caller can observe."""
+    """Grad mode and inference mode: the short view the hand-written tests spell out."""
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+def autograd_state():
+    """The whole autograd mode state a body or a caller can observe, for the oracles.
+
+    Every ``AutogradState`` flag the Python API exposes, and the thread's
+    local dispatch key sets: the bits inference mode toggles and, so that a
+    change to any other bit shows too, all the rest.
+    """
+    C = torch._C
+    return (
+        C.is_grad_enabled(),
+        C.is_inference_mode_enabled(),
+        C._is_fwd_grad_enabled(),
+        C._is_multithreading_enabled(),
+        C._is_view_replay_enabled(),
+        C._is_grad_layout_enforcement_enabled(),
+        C._get_graph_exec_group(),
+        repr(C._dispatch_tls_local_include_set()),
+        repr(C._dispatch_tls_local_exclude_set()),
+    )
 
 
 # Every grad-mode decorator, in every spelling.  A factory returns what goes
@@ -55,6 +76,12 @@ BLOCKS = [
     ("torch.set_grad_enabled(False)", lambda: torch.set_grad_enabled(False)),
     ("torch.inference_mode()", torch.inference_mode),
     ("torch.inference_mode(False)", lambda: torch.inference_mode(False)),
+    # Autograd state the grad-mode decorators own without setting it.
+    ("torch.autograd.set_multithreading_enabled(False)", lambda: torch.autograd.set_multithreading_enabled(False)),
+    ("torch.autograd.grad_mode._force_original_view_tracking(True)",
+     lambda: torch.autograd.grad_mode._force_original_view_tracking(True)),
+    ("torch.autograd.forward_ad._set_fwd_grad_enabled(False)",
+     lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False)),
 ]
 
 # Modes a caller may be in: (name, context managers to enter in order).
@@ -64,6 +91,11 @@ CALLER_SETUPS = [
     ("inference_mode", [torch.inference_mode]),
     ("inference_mode+enable_grad", [torch.inference_mode, torch.enable_grad]),
     ("no_grad+inference_mode(False)", [torch.no_grad, lambda: torch.inference_mode(False)]),
+    ("no multithreading", [lambda: torch.autograd.set_multithreading_enabled(False)]),
+    ("view replay+no_grad", [lambda: torch.autograd.grad_mode._force_original_view_tracking(True), torch.no_grad]),
+    ("no forward AD", [lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False)]),
+    ("relaxed layout+inference_mode",
+     [lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(False), torch.inference_mode]),
 ]
 
 
@@ -260,7 +292,7 @@ def run_oracle_generator(program):
 
     def run():
         log = []
-        gen = program.body()(lambda tag: log.append((tag, mode_state())))
+        gen = program.body()(lambda tag: log.append((tag, autograd_state())))
         outcomes = []
         first_setup = CALLER_SETUPS[program.first_entry_setup()][1]
         with enter_all(first_setup), context_of(DECORATORS[program.decorator][1]):
@@ -284,13 +316,13 @@ def run_subject_generator(program):
     """Record the decorated body, run on this thread while the caller's mode changes."""
     log = []
     decorated = DECORATORS[program.decorator][1]()(program.body())
-    gen = decorated(lambda tag: log.append((tag, mode_state())))
+    gen = decorated(lambda tag: log.append((tag, autograd_state())))
     outcomes = []
     for n, (req, setup) in enumerate(program.driver):
         with enter_all(CALLER_SETUPS[setup][1]):
-            before = mode_state()
+            before = autograd_state()
             outcomes.append(_request(gen, req, n))
-            after = mode_state()
+            after = autograd_state()
         if after != before:
             outcomes.append(("caller mode leaked", before, after))
     snapshot = list(log), outcomes

@@ -47,6 +47,7 @@ from grad_mode_programs import (  # noqa: E402
     DECORATORS,
     enter_all,
     generate_program,
+    autograd_state,
     mode_state,
     on_own_thread,
     state_inside,
@@ -134,10 +135,10 @@ class NoiseTasks:
         return noise
 
     async def _checked_sleep(self, name):
-        want = mode_state()
+        want = autograd_state()
         await asyncio.sleep(0)
         self.awaits += 1
-        got = mode_state()
+        got = autograd_state()
         if got != want:
             self.violations.append((name, want, got))
 
@@ -1255,7 +1256,7 @@ def run_oracle_async(program):
     async def main():
         _quiet(asyncio.get_running_loop())
         log = []
-        body = program.body()(lambda tag: log.append((tag, mode_state())), _make_suspend())
+        body = program.body()(lambda tag: log.append((tag, autograd_state())), _make_suspend())
         outcomes = []
         first_setup = CALLER_SETUPS[program.first_entry_setup()][1]
         with enter_all(first_setup), context_of(DECORATORS[program.decorator][1]):
@@ -1293,7 +1294,7 @@ def run_subject_async(program, seed):
         await asyncio.sleep(0)
         log = []
         decorated = DECORATORS[program.decorator][1]()(program.body())
-        body = decorated(lambda tag: log.append((tag, mode_state())), _make_suspend())
+        body = decorated(lambda tag: log.append((tag, autograd_state())), _make_suspend())
         outcomes = []
         if program.kind == "coroutine":
             requests = [("await", program.first_entry_setup())]
@@ -1301,12 +1302,12 @@ def run_subject_async(program, seed):
             requests = program.driver
         for n, (req, setup) in enumerate(requests):
             with enter_all(CALLER_SETUPS[setup][1]):
-                before = mode_state()
+                before = autograd_state()
                 if req == "await":
                     outcomes.append(await _acall(body))
                 else:
                     outcomes.append(await _arequest(body, req, n))
-                after = mode_state()
+                after = autograd_state()
             if after != before:
                 outcomes.append(("caller mode leaked", before, after))
         record = list(log), outcomes
