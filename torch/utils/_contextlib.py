@@ -73,8 +73,9 @@ class _BodyMode:
 
     ``state`` is the body's state, swapped in around each step by
     :func:`_driver`: what the body would see running uninterrupted on a thread
-    of its own.  It is None until the first step, which goes through
-    :meth:`step`; so do the steps of a body Dynamo must not see.
+    of its own.  :meth:`begin` sets it at the body's first entry; steps that
+    take more than a swap (a body Dynamo must not see, a re-entered context)
+    go through :meth:`step`.
     """
 
     __slots__ = ("state", "eager", "_ctx_factory")
@@ -85,22 +86,14 @@ class _BodyMode:
         self.eager = eager
         self.state = None
 
-    def step(self, method, arg):
-        """Run ``method(arg)``, one step of the body, where more than a swap is needed."""
-        if self.eager and _get_eval_frame_callback() is not None:
-            return _without_dynamo(self._step, method, arg)
-        return self._step(method, arg)
-
-    def _step(self, method, arg):
+    def begin(self):
+        """Give the body its starting state, unless it has one: the caller's, with the context applied."""
         if self.state is None:
-            # The body starts from the caller's state with the context applied.
-            with self._ctx_factory():
-                self.state = _get_autograd_mode_state()
-        caller = _swap_autograd_mode_state(self.state)
-        try:
-            return method(arg)
-        finally:
-            self.state = _swap_autograd_mode_state(caller)
+            self.state = self._run(self._start)
+
+    def step(self, method, arg):
+        """Run ``method(arg)``, one step of the body, in the body's state."""
+        return self._run(self._step, method, arg)
 
     def abandon(self, close):
         """Run ``close()``, which closes a body left suspended by a failed step, in the body's state.
@@ -118,6 +111,20 @@ class _BodyMode:
         except Exception:
             pass
 
+    def _run(self, func, *args):
+        return _without_dynamo(func, *args) if self.eager else func(*args)
+
+    def _start(self):
+        with self._ctx_factory():
+            return _get_autograd_mode_state()
+
+    def _step(self, method, arg):
+        caller = _swap_autograd_mode_state(self.state)
+        try:
+            return method(arg)
+        finally:
+            self.state = _swap_autograd_mode_state(caller)
+
 
 class _ReenteringBodyMode(_BodyMode):
     """A :class:`_BodyMode` for a context without a known effect, entered afresh around every step.
@@ -133,6 +140,9 @@ class _ReenteringBodyMode(_BodyMode):
     def __init__(self, ctx_factory, eager):
         super().__init__(ctx_factory, eager)
         self._saved = None  # ``state`` stays None: every step goes through step()
+
+    def begin(self):
+        pass  # the body starts in the caller's state, and the context is entered at every step
 
     def _step(self, method, arg):
         caller = _get_autograd_mode_state()
@@ -237,7 +247,8 @@ def _forget_step_locals(tb):
 
 
 _STEP_CODES = frozenset(
-    f.__code__ for f in (_BodyMode.step, _BodyMode._step, _ReenteringBodyMode._step, _without_dynamo)
+    f.__code__
+    for f in (_BodyMode.step, _BodyMode._run, _BodyMode._step, _ReenteringBodyMode._step, _without_dynamo)
 )
 
 
@@ -271,6 +282,8 @@ def _driver(start):
         # A new body is started by sending it None.
         method, arg = send, None
         try:
+            # At the body's first entry: the first request to this generator.
+            mode.begin()
             while True:
                 # The one place the body runs.  ``arg`` may be an exception
                 # the caller threw; drop it once delivered, or its traceback
@@ -278,7 +291,7 @@ def _driver(start):
                 try:
                     state = mode.state
                     if state is None or (eager and _get_eval_frame_callback() is not None):
-                        # The first step, a re-entered context, or Dynamo to keep out.
+                        # A re-entered context, or Dynamo to keep out.
                         response = mode.step(method, arg)
                     else:
                         # Every other step: the body's state in, the caller's back.
