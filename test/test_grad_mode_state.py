@@ -1,0 +1,268 @@
+# Owner(s): ["module: autograd"]
+"""What a decorated generator, coroutine or async generator owns of the thread state, and what not.
+
+The grad-mode decorators own the autograd mode state (``c10::AutogradState``
+and the dispatch key bits inference mode toggles).  For it, the body starts
+from its caller's state with the decorator applied, and the caller gets its
+own back after every step.  Everything else -- autocast, Python dispatch
+modes, dispatch key guards -- a decorated body changes exactly as the same
+body undecorated would.
+"""
+
+import asyncio
+import contextlib
+import os
+import sys
+import types
+from unittest import mock
+
+import torch
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grad_mode_programs import (  # noqa: E402
+    autograd_state,
+    context_of,
+    DECORATORS,
+    on_own_thread,
+)
+
+KINDS = ("generator", "coroutine", "async_generator")
+DECORATOR_NAMES = [name for name, _ in DECORATORS]
+STEPS = 3
+
+# The dispatch keys inference mode toggles (owned by the decorators).
+_OWNED_KEY_NAMES = ("ADInplaceOrView", "Autograd")
+
+
+def _decorator(name):
+    return dict(DECORATORS)[name]
+
+
+@types.coroutine
+def _suspend():
+    yield
+
+
+def _body(kind, enter, observe, log):
+    """An undecorated body of *kind* that opens ``enter()`` and suspends inside it."""
+    if kind == "generator":
+
+        def body():
+            with enter():
+                for _ in range(STEPS):
+                    log.append(observe())
+                    yield
+                log.append(observe())
+
+    elif kind == "coroutine":
+
+        async def body():
+            with enter():
+                for _ in range(STEPS):
+                    log.append(observe())
+                    await _suspend()
+                log.append(observe())
+
+    else:
+
+        async def body():
+            with enter():
+                for _ in range(STEPS):
+                    log.append(observe())
+                    yield
+                log.append(observe())
+
+    return body
+
+
+def _drive(kind, body, between):
+    """Run *body* to the end from this thread, calling *between()* whenever it is suspended."""
+    if kind == "generator":
+        for _ in body():
+            between()
+        return
+    if kind == "coroutine":
+        coro = body()
+        with contextlib.suppress(StopIteration):
+            while True:
+                coro.send(None)
+                between()
+        return
+    agen = body()
+    with contextlib.suppress(StopAsyncIteration):
+        while True:
+            with contextlib.suppress(StopIteration):
+                agen.asend(None).send(None)
+            between()
+
+
+def unowned_state():
+    """The thread state the decorators must not touch, as a body or caller sees it."""
+    C = torch._C
+
+    def keys(keyset):
+        names = repr(keyset)[len("DispatchKeySet(") : -1].split(", ")
+        return tuple(n for n in names if n and not n.startswith(_OWNED_KEY_NAMES))
+
+    return (
+        keys(C._dispatch_tls_local_include_set()),
+        keys(C._dispatch_tls_local_exclude_set()),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        len(torch.utils._python_dispatch._get_current_dispatch_mode_stack()),
+        len(torch.overrides._get_current_function_mode_stack()),
+    )
+
+
+def _run(kind, decorator, scenario):
+    """What the body and its caller see of *scenario*, on a fresh thread; undecorated if *decorator* is None."""
+
+    def run():
+        enter, observe = scenario()
+        seen, between = [], []
+        body = _body(kind, enter, lambda: (observe(), unowned_state()), seen)
+        if decorator is not None:
+            body = _decorator(decorator)()(body)
+        _drive(kind, body, lambda: between.append(unowned_state()))
+        return seen, between
+
+    return on_own_thread(run)
+
+
+# Scenarios: a fresh (enter, observe) pair; the body opens enter() and
+# observes across its suspensions.
+
+
+def _autocast():
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), (lambda: lin(x).dtype)
+
+
+def _fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    return FakeTensorMode, (lambda: isinstance(torch.empty(2), FakeTensor))
+
+
+def _flop_counter_mode():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    a = torch.randn(4, 4)
+
+    def observe():
+        torch.mm(a, a)
+        return counter.get_total_flops()
+
+    return (lambda: counter), observe
+
+
+def _exclude_key_guard():
+    key = torch._C.DispatchKey.Functionalize
+    keys = torch._C.DispatchKeySet(key)
+    return (lambda: torch._C._ExcludeDispatchKeyGuard(keys)), (
+        lambda: torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    )
+
+
+SCENARIOS = {
+    "autocast": _autocast,
+    "fake_tensor_mode": _fake_tensor_mode,
+    "flop_counter_mode": _flop_counter_mode,
+    "exclude_dispatch_key_guard": _exclude_key_guard,
+}
+
+# Caller settings the body must start from: owned state no decorator sets.
+CALLER_SETTINGS = {
+    "multithreading_off": lambda: torch.autograd.set_multithreading_enabled(False),
+    "view_replay_on": lambda: torch.autograd.grad_mode._force_original_view_tracking(True),
+    "forward_ad_off": lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False),
+    "grad_layout_relaxed": lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(False),
+}
+
+
+class TestGradModeUnownedState(TestCase):
+    """State the decorators do not own behaves as if the body were undecorated."""
+
+    @parametrize("scenario", list(SCENARIOS))
+    @parametrize("decorator", DECORATOR_NAMES)
+    @parametrize("kind", KINDS)
+    def test_body_sees_what_it_opened(self, kind, decorator, scenario):
+        undecorated = _run(kind, None, SCENARIOS[scenario])
+        decorated = _run(kind, decorator, SCENARIOS[scenario])
+        self.assertEqual(decorated, undecorated)
+
+
+class TestGradModeOwnedState(TestCase):
+    """The body starts from the caller's whole autograd mode state, with the decorator applied."""
+
+    @parametrize("setting", list(CALLER_SETTINGS))
+    @parametrize("decorator", DECORATOR_NAMES)
+    @parametrize("kind", KINDS)
+    def test_body_starts_from_callers_settings(self, kind, decorator, setting):
+        enter_setting = CALLER_SETTINGS[setting]
+
+        def expected():
+            with enter_setting():
+                outside = autograd_state()
+                with context_of(_decorator(decorator)):
+                    inside = autograd_state()
+            return inside, outside
+
+        def actual():
+            seen, between = [], []
+            with enter_setting():
+                body = _decorator(decorator)()(_body(kind, contextlib.nullcontext, autograd_state, seen))
+                _drive(kind, body, lambda: between.append(autograd_state()))
+            return seen, between
+
+        inside, outside = on_own_thread(expected)
+        seen, between = on_own_thread(actual)
+        self.assertEqual(seen, [inside] * (STEPS + 1))
+        self.assertEqual(between, [outside] * STEPS)
+
+
+class _Mixin:
+    def __init__(self, *args, **kwargs):
+        self.mixin_initialised = True
+        super().__init__(*args, **kwargs)
+
+
+class TestGradModeCompatibility(TestCase):
+    @parametrize("cls", [torch.no_grad, torch.inference_mode], name_fn=lambda cls: cls.__name__)
+    def test_mixin_init_runs(self, cls):
+        mixed = type("Mixed", (cls, _Mixin), {})
+        ctx = mixed()
+        self.assertTrue(getattr(ctx, "mixin_initialised", False))
+        with ctx:
+            pass
+
+    def test_inference_mode_enters_its_guard(self):
+        entered = []
+
+        class Guard(torch._C._InferenceMode):
+            def __enter__(self):
+                entered.append(self)
+                return super().__enter__()
+
+        with mock.patch.object(torch._C, "_InferenceMode", Guard):
+            with torch.inference_mode():
+                self.assertTrue(torch.is_inference_mode_enabled())
+        self.assertEqual(len(entered), 1)
+        self.assertFalse(torch.is_inference_mode_enabled())
+
+
+instantiate_parametrized_tests(TestGradModeUnownedState)
+instantiate_parametrized_tests(TestGradModeOwnedState)
+instantiate_parametrized_tests(TestGradModeCompatibility)
+
+
+if __name__ == "__main__":
+    run_tests()
