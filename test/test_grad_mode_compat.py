@@ -321,7 +321,49 @@ def probe_generator_compile():
     return {"eager": eager, "compiled": comp, "grad_after": torch.is_grad_enabled()}
 
 
+def _reached_depth(run):
+    """How deep *run(record)* recurses before RecursionError, at a recursion limit of 1000."""
+    best = [0]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        run(lambda d: best.__setitem__(0, max(best[0], d)))
+    except RecursionError:
+        pass
+    finally:
+        sys.setrecursionlimit(limit)
+    return best[0]
+
+
+def probe_generator_depth():
+    def run(record):
+        @torch.no_grad()
+        def walk(d):
+            record(d)
+            yield d
+            yield from walk(d + 1)
+
+        for _ in walk(1):
+            pass
+
+    return _reached_depth(run)
+
+
+def probe_coroutine_depth():
+    def run(record):
+        @torch.no_grad()
+        async def walk(d):
+            record(d)
+            return await walk(d + 1)
+
+        asyncio.run(walk(1))
+
+    return _reached_depth(run)
+
+
 PROBES = {
+    "generator_depth": probe_generator_depth,
+    "coroutine_depth": probe_coroutine_depth,
     "compile": probe_compile,
     "jit": probe_jit,
     "optim": probe_optim,
@@ -568,6 +610,19 @@ torch._dynamo.reset()
 res["second"] = torch.compile(fn, backend="eager")(x_()).detach().tolist()
 """)
         self.assertEqual(res["first"], res["second"])
+
+
+class TestRecursionDepth(TestCase):
+    """A step costs few enough frames that decorated recursive bodies go nearly as deep as stock's."""
+
+    def test_recursive_generator(self):
+        # Stock's wrapper adds one frame per level, and so does ours.
+        self.assertGreaterEqual(_local("generator_depth"), 0.8 * _stock("generator_depth"))
+
+    def test_recursive_coroutine(self):
+        # Stock's decorator does nothing for a coroutine's body, so adds no
+        # frame per level; ours adds the driver's (and its C-level send).
+        self.assertGreaterEqual(_local("coroutine_depth"), 0.3 * _stock("coroutine_depth"))
 
 
 class TestJitCompat(TestCase):

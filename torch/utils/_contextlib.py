@@ -327,14 +327,7 @@ def _driver(start):
             # The body returned: return its value too (PEP 380).
             return stop.value
         except BaseException as exc:
-            if _is_suspended(body):
-                # The step failed outside the body: see _BodyMode.abandon.
-                mode.abandon(body.close)
-            elif isinstance(body, types.CoroutineType) and inspect.getcoroutinestate(body) == inspect.CORO_CREATED:
-                # The first step failed before the coroutine started: closing
-                # it runs none of its code, and keeps Python from warning
-                # that it was never awaited -- our caller did await it.
-                body.close()
+            _after_failure(mode, body)
             # The exception's traceback holds this frame and the finished
             # frames of the step that raised it, which hold the body and,
             # after a throw, the exception itself: break those cycles so
@@ -344,6 +337,72 @@ def _driver(start):
             raise
 
     return drive
+
+
+def _async_driver(start):
+    """The coroutine twin of :func:`_driver`: it awaits where :func:`_driver` yields.
+
+    A decorated coroutine is this coroutine function itself, so that a step
+    costs one Python frame on top of the body's, as for a generator; an
+    ``async def`` awaiting :func:`_driver` costs two, and a decorated
+    recursive coroutine went a quarter as deep as an undecorated one.
+    """
+
+    async def drive(*args, **kwargs):
+        mode, body = start(*args, **kwargs)
+        del args, kwargs
+        eager = mode.eager
+        send = body.send
+        method, arg = send, None
+        try:
+            mode.begin()
+            while True:
+                # As in _driver.
+                try:
+                    state = mode.state
+                    if state is None or (eager and _get_eval_frame_callback() is not None):
+                        response = mode.step(method, arg)
+                    else:
+                        caller = _swap_autograd_mode_state(state)
+                        try:
+                            response = method(arg)
+                        finally:
+                            mode.state = _swap_autograd_mode_state(caller)
+                finally:
+                    arg = None
+                try:
+                    arg = await _suspend(response)
+                except BaseException as exc:
+                    method, arg = body.throw, exc
+                else:
+                    method = send
+        except StopIteration as stop:
+            return stop.value
+        except BaseException as exc:
+            _after_failure(mode, body)
+            body = send = method = None
+            _forget_step_locals(exc.__traceback__)
+            raise
+
+    return drive
+
+
+@types.coroutine
+def _suspend(value):
+    """Suspend the awaiting coroutine, handing *value* to its caller; return what the caller sends."""
+    return (yield value)
+
+
+def _after_failure(mode, body):
+    """Clean up after a step of *body* failed, before the exception propagates."""
+    if _is_suspended(body):
+        # The step failed outside the body: see _BodyMode.abandon.
+        mode.abandon(body.close)
+    elif isinstance(body, types.CoroutineType) and inspect.getcoroutinestate(body) == inspect.CORO_CREATED:
+        # The first step failed before the coroutine started: closing it runs
+        # none of its code, and keeps Python from warning that it was never
+        # awaited -- our caller did await it.
+        body.close()
 
 
 # Drives one asend/athrow awaitable of an async generator, and is itself awaitable.
@@ -385,13 +444,7 @@ def _wrap_coroutine(ctx_factory, func, *, reenter=True):
             awaitable = _without_dynamo(awaitable.__await__)
         return _body_mode(ctx_factory, reenter, eager=True), awaitable
 
-    drive = types.coroutine(_driver(start))
-
-    @functools.wraps(func)
-    async def coroutine_context(*args, **kwargs):
-        return await drive(*args, **kwargs)
-
-    return coroutine_context
+    return functools.wraps(func)(_async_driver(start))
 
 
 def _wrap_async_generator(ctx_factory, func, *, reenter=True):
