@@ -170,7 +170,13 @@ def activate():
     if not _tree_is_current(torch_dir, owned):
         build_tree(torch_dir, owned)
     sys.path.insert(0, TREE_ROOT)
-    sys.meta_path.insert(0, _BindingRegistrar())
+    install_binding()
+
+
+def install_binding():
+    """Have the next ``import torch`` register the patch's C++ half in ``torch._C``."""
+    if not any(isinstance(finder, _BindingRegistrar) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _BindingRegistrar())
 
 
 def _activate_from_pth():

@@ -46,7 +46,12 @@ import time
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"]
 OWNED = TARGETS  # modules the checkout owns and the mutant tree must hold as files
-TEST_FILES = ["test/test_autograd.py", "test/test_grad_mode_reliability.py", "test/test_grad_mode_async.py"]
+TEST_FILES = [
+    "test/test_autograd.py",
+    "test/test_grad_mode_reliability.py",
+    "test/test_grad_mode_async.py",
+    "test/test_grad_mode_state.py",
+]
 TEST_HELPERS = ["test/grad_mode_programs.py"]
 OPTIONAL_TEST_FILES = ["test/test_grad_mode_compat.py"]  # slow: only with --tests
 DEFAULT_PYTHON = "/work/venv/bin/python"
@@ -251,6 +256,10 @@ def build_tree(root, snap, python):
             os.symlink(os.path.realpath(os.path.join(src_dir, name)), os.path.join(dst_dir, name))
     for rel in OWNED:
         shutil.copy2(os.path.join(snap, rel), os.path.join(root, rel))
+    # The overlay is off in the tree (TORCH_GRADMODE_OVERLAY=0), but the
+    # modules need the patch's C++ half in torch._C all the same.
+    with open(os.path.join(root, "sitecustomize.py"), "w") as f:
+        f.write("import _torch_gradmode_overlay\n_torch_gradmode_overlay.install_binding()\n")
     # Bytecode for the real directories, once: the environment may forbid
     # writing it at import time, and compiling torch/*.py on every run is slow.
     for sub in sorted(owned_dirs):
