@@ -107,6 +107,35 @@ def _floor_context(C, target, inference):
     return Floor
 
 
+class _grad:
+    """``with`` grad mode *target*, restoring the previous mode (the benchmark's own helper)."""
+
+    def __init__(self, C, target):
+        self.C, self.target = C, target
+
+    def __enter__(self):
+        self.prev = self.C.is_grad_enabled()
+        self.C._set_grad_enabled(self.target)
+
+    def __exit__(self, *exc):
+        self.C._set_grad_enabled(self.prev)
+
+
+def _measure_binding(torch, number, repeat):
+    """ns per call of the patch's binding, beside torch.is_grad_enabled(); None on stock."""
+    C = torch._C
+    if not hasattr(C, "_swap_autograd_mode_state"):
+        return None
+    state = C._get_autograd_mode_state()
+    swap, get = C._swap_autograd_mode_state, C._get_autograd_mode_state
+    return {
+        "is_grad_enabled()": _best(C.is_grad_enabled, number, repeat),
+        "_get_autograd_mode_state()": _best(get, number, repeat),
+        "_swap_autograd_mode_state(s)": _best(lambda: swap(state), number, repeat),
+        "lambda: None (call overhead)": _best(lambda: None, number, repeat),
+    }
+
+
 def _floor_async_generator(types, around_step):
     """The least a per-step wrapper of an async generator can cost.
 
@@ -272,33 +301,29 @@ def _measure_decorator(torch, name, number, repeat):
     floor_agen = _floor_async_generator(types, around_step)
     floors["async-generator step"] = _best(lambda: drive_agen(floor_agen(k)), 1, repeat) / steps
 
-    # The same relay, each step doing also the reads the contract needs on
-    # the fast path: inference mode and Dynamo's eval-frame callback before
-    # the step (either sends it down the guarded path), and the body's grad
-    # and inference mode after it (the body's state for its next step).
-    ie = C.is_inference_mode_enabled
-    eval_frame = getattr(getattr(C, "_dynamo", None), "eval_frame", None)
-    callback = eval_frame.get_eval_frame_callback if eval_frame is not None else (lambda: None)
+    # The same relay, each step doing what the contract needs: the body's
+    # state swapped in and the caller's back (torch._C._swap_autograd_mode_state,
+    # the patch's binding), and the check that keeps Dynamo out of the body.
+    if hasattr(C, "_swap_autograd_mode_state"):
+        swap = C._swap_autograd_mode_state
+        eval_frame = getattr(getattr(C, "_dynamo", None), "eval_frame", None)
+        callback = eval_frame.get_eval_frame_callback if eval_frame is not None else (lambda: None)
+        with (C._InferenceMode(True) if inference else _grad(C, target)):
+            body_state = [C._get_autograd_mode_state()]
 
-    def contract_step(send, value=None):
-        if ie() or callback() is not None:
-            raise AssertionError("the benchmark runs outside inference mode and Dynamo")
-        if inference:
-            with C._InferenceMode(True):
-                try:
-                    return send(value)
-                finally:
-                    ge(), ie()
-        prev = ge()
-        sg(target)
-        try:
-            return send(value)
-        finally:
-            ge(), ie()
-            sg(prev)
+        def contract_step(send, value=None):
+            if callback() is not None:
+                raise AssertionError("the benchmark runs outside Dynamo")
+            caller = swap(body_state[0])
+            try:
+                return send(value)
+            finally:
+                body_state[0] = swap(caller)
 
-    contract_agen = _floor_async_generator(types, contract_step)
-    floors["async-generator step, contract reads"] = _best(lambda: drive_agen(contract_agen(k)), 1, repeat) / steps
+        contract_agen = _floor_async_generator(types, contract_step)
+        floors["async-generator step, contract swaps"] = (
+            _best(lambda: drive_agen(contract_agen(k)), 1, repeat) / steps
+        )
     C._set_grad_enabled(True)
     out["floors"] = floors
     return out
@@ -345,6 +370,7 @@ def worker(number, repeat, memory_count, alive_count):
         "times": {name: _measure_decorator(torch, name, number, repeat) for name in DECORATORS},
         "memory": _measure_memory(torch, memory_count),
         "scaling": _measure_scaling(torch, alive_count, number, repeat),
+        "binding": _measure_binding(torch, number, repeat),
     }
     json.dump(result, sys.stdout)
 
@@ -421,8 +447,9 @@ def main(argv=None):
     floor_kinds = {"with": ("with", "a minimal Python context-manager class made per block"),
                    "async-generator step": ("async-generator step",
                                             "a per-item relay doing only the limit's calls"),
-                   "async-generator step, contract reads": (
-                       "async-generator step", "the same relay, plus the 4 reads of mode state the contract needs")}
+                   "async-generator step, contract swaps": (
+                       "async-generator step", "the same relay, swapping the body's mode state in and out "
+                                               "and checking Dynamo, as the contract needs")}
     for name in DECORATORS:
         for floor_name, (use, what) in floor_kinds.items():
             bare, limit = table[(name, use)][:2]
@@ -440,6 +467,9 @@ def main(argv=None):
         crowded = med([r["scaling"][str(args.alive_count)] for r in runs[variant]])
         print(f"{variant} generator step with 1 / {args.alive_count} suspended alive: "
               f"{alone:.0f} / {crowded:.0f} ns")
+    print("the patch's binding, ns per call (the limit's own calls for scale):")
+    for call in runs["patched"][0]["binding"]:
+        print(f"  {call:32} {med([r['binding'][call] for r in runs['patched']]):6.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f)

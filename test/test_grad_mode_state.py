@@ -9,7 +9,6 @@ modes, dispatch key guards -- a decorated body changes exactly as the same
 body undecorated would.
 """
 
-import asyncio
 import contextlib
 import os
 import sys
@@ -107,7 +106,7 @@ def unowned_state():
     C = torch._C
 
     def keys(keyset):
-        names = repr(keyset)[len("DispatchKeySet(") : -1].split(", ")
+        names = repr(keyset)[len("DispatchKeySet("):-1].split(", ")
         return tuple(n for n in names if n and not n.startswith(_OWNED_KEY_NAMES))
 
     return (
