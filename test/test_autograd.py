@@ -76,6 +76,20 @@ class TestGradModeInstall(TestCase):
         self.assertNotEqual(off.stdout.strip(), ours)
         self.assertTrue(off.stdout.strip().endswith(os.path.join("torch", "utils", "_contextlib.py")))
 
+    def test_binding_is_in_torch_C(self):
+        # The hook registers the C++ half where upstream's torch._C defines it.
+        self.assertTrue(callable(torch._C._swap_autograd_mode_state))
+        self.assertIsInstance(torch._C._get_autograd_mode_state(), torch._C._AutogradModeState)
+        with self.assertRaisesRegex(TypeError, "expected a state from _get_autograd_mode_state"):
+            torch._C._swap_autograd_mode_state(True)
+
+    def test_setup_without_compiler_says_so(self):
+        env = dict(os.environ, CXX="/nonexistent/c++")
+        done = subprocess.run([sys.executable, "setup.py", "build_ext"], cwd=CHECKOUT, env=env,
+                              capture_output=True, text=True)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("error: no C++ compiler ('/nonexistent/c++' not found)", done.stderr)
+
     def test_overlay_reaches_spawned_processes(self):
         import multiprocessing
 
