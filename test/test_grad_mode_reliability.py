@@ -992,6 +992,52 @@ class TestGarbageCollection(ReliabilityTestCase):
 
         self._no_cycles(loop)
 
+    def test_reentered_context_wrappers_create_no_cycles(self):
+        # A context without a known effect takes _BodyMode.step at every
+        # step: the step frames in a failure's traceback hold the body and
+        # the thrown exception (_forget_step_locals clears them).
+        class Plain(_DecoratorContextManager):
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        @Plain()
+        def gen():
+            yield 1
+            raise CMError("out")
+
+        @Plain()
+        async def coro():
+            await suspend()
+            raise CMError("out")
+
+        def loop():
+            for _ in range(30):
+                g = gen()
+                next(g)
+                try:
+                    g.throw(ValueError("not caught"))
+                except ValueError:
+                    pass
+                try:
+                    list(gen())
+                except CMError:
+                    pass
+                c = coro()
+                c.send(None)
+                try:
+                    c.throw(ValueError("not caught"))
+                except ValueError:
+                    pass
+                try:
+                    drive(coro())
+                except CMError:
+                    pass
+
+        self._no_cycles(loop)
+
     def test_no_growth(self):
         @torch.no_grad()
         def gen():
