@@ -64,18 +64,24 @@ class build_ext_against_torch(build_ext):
 
     def run(self):
         torch_dir = _torch_or_exit()
-        compiler = os.environ.get("CXX", "c++")
-        if shutil.which(compiler.split()[0]) is None:
-            sys.exit(
-                f"error: no C++ compiler ({compiler!r} not found): the patch's C++ half needs one "
-                "(on Debian: apt-get install g++)"
-            )
+        version = overlay.torch_version(torch_dir)
         lib = os.path.join(torch_dir, "lib")
         for ext in self.extensions:
             ext.include_dirs[:0] = [HERE, os.path.join(torch_dir, "include")]
             ext.library_dirs.append(lib)
             ext.runtime_library_dirs.append(lib)
+            ext.define_macros.append(("TORCH_GRADMODE_BUILT_FOR", f'"{version}"'))
         super().run()
+
+    def build_extensions(self):
+        # The compiler setuptools will run (sysconfig's CXX, or $CXX), not a guess.
+        for command in (self.compiler.compiler_so, self.compiler.compiler_cxx, self.compiler.linker_so):
+            if command and shutil.which(command[0]) is None:
+                sys.exit(
+                    f"error: no C++ compiler ({command[0]!r} not found): the patch's C++ half needs one "
+                    "(on Debian: apt-get install g++; or set CXX and CC)"
+                )
+        super().build_extensions()
 
 
 class build_py_with_pth(build_py):

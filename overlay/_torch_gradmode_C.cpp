@@ -33,5 +33,13 @@ PyModuleDef module_def = {
 } // namespace
 
 PyMODINIT_FUNC PyInit__torch_gradmode_C() {
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  // The torch release the headers came from: the binding inlines the layout
+  // of its thread-local state, so the start-up hook refuses any other.
+  if (module &&
+      PyModule_AddStringConstant(
+          module, "built_for_torch", TORCH_GRADMODE_BUILT_FOR) < 0) {
+    Py_CLEAR(module);
+  }
+  return module;
 }

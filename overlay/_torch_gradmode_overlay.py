@@ -127,19 +127,23 @@ class _BindingRegistrar(importlib.abc.MetaPathFinder):
     does right after loading ``torch._C``.
     """
 
+    def __init__(self, torch_version):
+        self._torch_version = torch_version
+
     def find_spec(self, name, path, target=None):
         if name != "torch._C":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is not None:
-            spec.loader = _RegisteringLoader(spec.loader)
+            spec.loader = _RegisteringLoader(spec.loader, self._torch_version)
         return spec
 
 
 class _RegisteringLoader(importlib.abc.Loader):
-    def __init__(self, loader):
+    def __init__(self, loader, torch_version):
         self._loader = loader
+        self._torch_version = torch_version
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -154,6 +158,13 @@ class _RegisteringLoader(importlib.abc.Loader):
                 f"torch grad-mode patch: its C++ half is not built ({exc}); reinstall the patch "
                 f"(pip install -e {CHECKOUT}) or set {ENV_SWITCH}=0 for stock torch"
             ) from None
+        built_for = getattr(_torch_gradmode_C, "built_for_torch", None)
+        if built_for != self._torch_version:
+            raise ImportError(
+                f"torch grad-mode patch: its C++ half was built for torch {built_for}, but torch "
+                f"{self._torch_version} is installed; reinstall the patch (pip install -e {CHECKOUT}) "
+                f"or set {ENV_SWITCH}=0 for stock torch"
+            )
         _torch_gradmode_C.register_into(module)
 
 
@@ -165,18 +176,25 @@ def activate():
     if torch_dir is None:
         warnings.warn("torch grad-mode patch: torch is not installed; overlay inactive")
         return
-    check_version(torch_version(torch_dir))
+    version = torch_version(torch_dir)
+    check_version(version)
     owned = owned_files()
     if not _tree_is_current(torch_dir, owned):
         build_tree(torch_dir, owned)
     sys.path.insert(0, TREE_ROOT)
-    install_binding()
+    install_binding(version)
 
 
-def install_binding():
-    """Have the next ``import torch`` register the patch's C++ half in ``torch._C``."""
+def install_binding(version=None):
+    """Have the next ``import torch`` register the patch's C++ half in ``torch._C``.
+
+    *version* is the installed torch's (read from the wheel when not given):
+    the C++ half must have been built against it.
+    """
+    if version is None:
+        version = torch_version(wheel_torch_dir())
     if not any(isinstance(finder, _BindingRegistrar) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _BindingRegistrar())
+        sys.meta_path.insert(0, _BindingRegistrar(version))
 
 
 def _activate_from_pth():

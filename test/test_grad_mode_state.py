@@ -80,25 +80,36 @@ def _body(kind, enter, observe, log):
     return body
 
 
-def _drive(kind, body, between):
-    """Run *body* to the end from this thread, calling *between()* whenever it is suspended."""
+def _steps(kind, body):
+    """Run *body* to the end from this thread, yielding whenever it is suspended."""
     if kind == "generator":
         for _ in body():
-            between()
+            yield
         return
     if kind == "coroutine":
         coro = body()
         with contextlib.suppress(StopIteration):
             while True:
                 coro.send(None)
-                between()
+                yield
         return
     agen = body()
     with contextlib.suppress(StopAsyncIteration):
         while True:
             with contextlib.suppress(StopIteration):
                 agen.asend(None).send(None)
-            between()
+            yield
+
+
+def _drive(kind, body, between, around=lambda step: contextlib.nullcontext()):
+    """Run *body* to the end, each step inside ``around(n)``, calling *between()* at each suspension."""
+    steps = _steps(kind, body)
+    for n in range(STEPS + 1):
+        with around(n):
+            suspended = next(steps, False) is None
+        if not suspended:
+            return
+        between()
 
 
 def unowned_state():
@@ -228,6 +239,46 @@ class TestGradModeOwnedState(TestCase):
         self.assertEqual(between, [outside] * STEPS)
 
 
+class TestGradModeKeyGuards(TestCase):
+    """Autograd keys excluded by other code are not carried with the body."""
+
+    # inference_mode(False) is left out: within such a guard, ``with
+    # torch.inference_mode(False):`` lifts the exclusion and the decorator does
+    # not (the key bits switch only with inference mode; see the notes' Limits).
+    @parametrize("decorator", [name for name in DECORATOR_NAMES if name != "inference_mode(False)"])
+    @parametrize("kind", KINDS)
+    def test_first_step_below_autograd(self, kind, decorator):
+        # torch excludes the autograd keys around every __torch_dispatch__
+        # (at::AutoDispatchBelowAutograd): a body first stepped from there
+        # must not keep them excluded once it is stepped from plain code.
+        def observe():
+            return autograd_state(), (torch.ones(1, requires_grad=True) * 2).requires_grad
+
+        def first_below_autograd(n):
+            return torch._C._AutoDispatchBelowAutograd() if n == 0 else contextlib.nullcontext()
+
+        def reference():
+            # The undecorated body (it opens nothing itself), each step inside the decorator.
+            seen, between = [], []
+
+            def around(n):
+                stack = contextlib.ExitStack()
+                stack.enter_context(first_below_autograd(n))
+                stack.enter_context(context_of(_decorator(decorator)))
+                return stack
+
+            _drive(kind, _body(kind, contextlib.nullcontext, observe, seen), lambda: between.append(observe()), around)
+            return seen, between
+
+        def decorated():
+            seen, between = [], []
+            body = _decorator(decorator)()(_body(kind, contextlib.nullcontext, observe, seen))
+            _drive(kind, body, lambda: between.append(observe()), first_below_autograd)
+            return seen, between
+
+        self.assertEqual(on_own_thread(decorated), on_own_thread(reference))
+
+
 class _Mixin:
     def __init__(self, *args, **kwargs):
         self.mixin_initialised = True
@@ -261,6 +312,7 @@ class TestGradModeCompatibility(TestCase):
 instantiate_parametrized_tests(TestGradModeUnownedState)
 instantiate_parametrized_tests(TestGradModeOwnedState)
 instantiate_parametrized_tests(TestGradModeCompatibility)
+instantiate_parametrized_tests(TestGradModeKeyGuards)
 
 
 if __name__ == "__main__":

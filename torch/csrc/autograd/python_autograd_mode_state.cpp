@@ -9,10 +9,17 @@
 // when it is destroyed, dropping whatever else the body or the caller
 // changed meanwhile (autocast, Python dispatch modes, dispatch key guards).
 //
-// The state switched here is exactly what the grad-mode context managers
-// change: the thread's c10::AutogradState, and the dispatch key bits that
+// The state switched here is what the grad-mode context managers change: the
+// thread's c10::AutogradState, and the dispatch key bits that
 // c10::InferenceMode toggles (ADInplaceOrView in the included set, the
-// autograd keys in the excluded set).  Every other bit is left alone.
+// autograd keys in the excluded set).  Those bits are switched only when the
+// switch turns inference mode on or off: other code excludes the autograd
+// keys too (at::AutoDispatchBelowAutograd, around every __torch_dispatch__),
+// and that exclusion is not the body's to carry.  Every other bit is left
+// alone.
+//
+// Raw CPython rather than pybind11: a decorated generator makes two of these
+// calls per step, and pybind11's dispatch would cost more than the step.
 
 #include <torch/csrc/autograd/python_autograd_mode_state.h>
 
@@ -28,20 +35,52 @@ namespace torch::autograd {
 namespace {
 
 // See Note [Expected TLS state in InferenceMode] in c10/core/InferenceMode.h.
-constexpr c10::DispatchKeySet kOwnedIncluded(c10::DispatchKey::ADInplaceOrView);
-constexpr c10::DispatchKeySet kOwnedExcluded = c10::autograd_dispatch_keyset;
+constexpr c10::DispatchKeySet kInferenceIncluded(
+    c10::DispatchKey::ADInplaceOrView);
+constexpr c10::DispatchKeySet kInferenceExcluded = c10::autograd_dispatch_keyset;
+
+struct AutogradModeState {
+  AutogradModeState()
+      : autograd(c10::AutogradState::get_tls_state()),
+        keys(c10::impl::tls_local_dispatch_key_set()) {}
+
+  c10::AutogradState autograd;
+  c10::impl::LocalDispatchKeySet keys;
+};
 
 struct THPAutogradModeState {
   PyObject_HEAD
-  c10::AutogradState autograd;
-  c10::DispatchKeySet included; // the owned bits of the included set
-  c10::DispatchKeySet excluded; // the owned bits of the excluded set
+  AutogradModeState state;
 };
+
+void THPAutogradModeState_dealloc(PyObject* self) {
+  // AutogradState may hold a Python object (its graph execution group).
+  reinterpret_cast<THPAutogradModeState*>(self)->state.~AutogradModeState();
+  Py_TYPE(self)->tp_free(self);
+}
 
 PyTypeObject THPAutogradModeStateType = {
     PyVarObject_HEAD_INIT(nullptr, 0)
     "torch._C._AutogradModeState", /* tp_name */
     sizeof(THPAutogradModeState), /* tp_basicsize */
+    0, /* tp_itemsize */
+    THPAutogradModeState_dealloc, /* tp_dealloc */
+    0, /* tp_vectorcall_offset */
+    nullptr, /* tp_getattr */
+    nullptr, /* tp_setattr */
+    nullptr, /* tp_reserved */
+    nullptr, /* tp_repr */
+    nullptr, /* tp_as_number */
+    nullptr, /* tp_as_sequence */
+    nullptr, /* tp_as_mapping */
+    nullptr, /* tp_hash  */
+    nullptr, /* tp_call */
+    nullptr, /* tp_str */
+    nullptr, /* tp_getattro */
+    nullptr, /* tp_setattro */
+    nullptr, /* tp_as_buffer */
+    Py_TPFLAGS_DEFAULT, /* tp_flags */
+    "A thread's AutogradState and the dispatch key bits inference mode toggles.", /* tp_doc */
 };
 
 // Returns a new reference to the calling thread's state.
@@ -50,28 +89,27 @@ PyObject* capture() {
   if (!self) {
     return nullptr;
   }
-  auto keys = c10::impl::tls_local_dispatch_key_set();
-  new (&self->autograd) c10::AutogradState(c10::AutogradState::get_tls_state());
-  self->included = keys.included_ & kOwnedIncluded;
-  self->excluded = keys.excluded_ & kOwnedExcluded;
+  new (&self->state) AutogradModeState();
   return reinterpret_cast<PyObject*>(self);
 }
 
-void install(const THPAutogradModeState* state) {
-  c10::AutogradState::set_tls_state(state->autograd);
-  auto keys = c10::impl::tls_local_dispatch_key_set();
-  keys.included_ = (keys.included_ - kOwnedIncluded) | state->included;
-  keys.excluded_ = (keys.excluded_ - kOwnedExcluded) | state->excluded;
-  c10::impl::_force_tls_local_dispatch_key_set(keys);
+void install(const AutogradModeState& state) {
+  bool toggles_inference_mode = state.autograd.get_inference_mode() !=
+      c10::AutogradState::get_tls_state().get_inference_mode();
+  c10::AutogradState::set_tls_state(state.autograd);
+  if (toggles_inference_mode) {
+    auto keys = c10::impl::tls_local_dispatch_key_set();
+    keys.included_ = (keys.included_ - kInferenceIncluded) |
+        (state.keys.included_ & kInferenceIncluded);
+    keys.excluded_ = (keys.excluded_ - kInferenceExcluded) |
+        (state.keys.excluded_ & kInferenceExcluded);
+    c10::impl::_force_tls_local_dispatch_key_set(keys);
+  }
 }
 
-void THPAutogradModeState_dealloc(PyObject* self) {
-  // AutogradState may hold a Python object (its graph execution group).
-  reinterpret_cast<THPAutogradModeState*>(self)->autograd.~AutogradState();
-  PyObject_Free(self);
-}
-
-PyObject* get_autograd_mode_state(PyObject* /*module*/, PyObject* /*noargs*/) {
+PyObject* get_autograd_mode_state(
+    PyObject* /*module*/,
+    PyObject* /*noargs*/) {
   HANDLE_TH_ERRORS
   return capture();
   END_HANDLE_TH_ERRORS
@@ -80,17 +118,14 @@ PyObject* get_autograd_mode_state(PyObject* /*module*/, PyObject* /*noargs*/) {
 // Installs ``state`` on the calling thread and returns the state it replaced.
 PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* state) {
   HANDLE_TH_ERRORS
-  if (Py_TYPE(state) != &THPAutogradModeStateType) {
-    PyErr_Format(
-        PyExc_TypeError,
-        "_swap_autograd_mode_state(): expected a state from "
-        "_get_autograd_mode_state(), got %s",
-        Py_TYPE(state)->tp_name);
-    return nullptr;
-  }
+  TORCH_CHECK_TYPE(
+      Py_TYPE(state) == &THPAutogradModeStateType,
+      "_swap_autograd_mode_state(): expected a state from "
+      "_get_autograd_mode_state(), got ",
+      Py_TYPE(state)->tp_name);
   PyObject* previous = capture();
   if (previous) {
-    install(reinterpret_cast<THPAutogradModeState*>(state));
+    install(reinterpret_cast<THPAutogradModeState*>(state)->state);
   }
   return previous;
   END_HANDLE_TH_ERRORS
@@ -110,21 +145,14 @@ PyMethodDef methods[] = {
 } // namespace
 
 void init_autograd_mode_state(PyObject* module) {
-  THPAutogradModeStateType.tp_dealloc = THPAutogradModeState_dealloc;
-  THPAutogradModeStateType.tp_flags = Py_TPFLAGS_DEFAULT;
-  THPAutogradModeStateType.tp_doc =
-      "A thread's AutogradState and the dispatch key bits inference mode toggles.";
   if (PyType_Ready(&THPAutogradModeStateType) < 0) {
     throw python_error();
   }
-  Py_INCREF(&THPAutogradModeStateType);
-  if (PyModule_AddObject(
+  if (PyModule_AddObjectRef(
           module,
           "_AutogradModeState",
-          reinterpret_cast<PyObject*>(&THPAutogradModeStateType)) < 0) {
-    throw python_error();
-  }
-  if (PyModule_AddFunctions(module, methods) < 0) {
+          reinterpret_cast<PyObject*>(&THPAutogradModeStateType)) < 0 ||
+      PyModule_AddFunctions(module, methods) < 0) {
     throw python_error();
   }
 }
