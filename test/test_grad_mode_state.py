@@ -279,6 +279,24 @@ class TestGradModeKeyGuards(TestCase):
         self.assertEqual(on_own_thread(decorated), on_own_thread(reference))
 
 
+class TestGradModeOtherContexts(TestCase):
+    """A context without a known effect is re-entered at every step, but the body keeps its own mode."""
+
+    @parametrize("kind", KINDS)
+    def test_body_keeps_its_own_block_under_a_subclass(self, kind):
+        class Subclass(torch.no_grad):  # defines no _grad_mode_effect of its own
+            pass
+
+        def run():
+            seen, between = [], []
+            body = Subclass()(_body(kind, torch.enable_grad, torch.is_grad_enabled, seen))
+            with torch.no_grad():
+                _drive(kind, body, lambda: between.append(torch.is_grad_enabled()))
+            return seen, between
+
+        self.assertEqual(on_own_thread(run), ([True] * (STEPS + 1), [False] * STEPS))
+
+
 class _Mixin:
     def __init__(self, *args, **kwargs):
         self.mixin_initialised = True
@@ -313,6 +331,7 @@ instantiate_parametrized_tests(TestGradModeUnownedState)
 instantiate_parametrized_tests(TestGradModeOwnedState)
 instantiate_parametrized_tests(TestGradModeCompatibility)
 instantiate_parametrized_tests(TestGradModeKeyGuards)
+instantiate_parametrized_tests(TestGradModeOtherContexts)
 
 
 if __name__ == "__main__":

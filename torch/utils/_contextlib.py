@@ -131,8 +131,9 @@ class _ReenteringBodyMode(_BodyMode):
 
     That is what torch 2.13.0 did for every context (``dual_level``,
     third-party subclasses): their effect may be more than autograd mode
-    state.  The body still carries its own autograd mode state from step to
-    step, as it saw it inside the context.
+    state.  For autograd mode state the body is treated as under the
+    built-in decorators: it starts from what the context sets, and from then
+    on carries its own, swapped in inside the context.
     """
 
     __slots__ = ("_saved",)
@@ -142,18 +143,21 @@ class _ReenteringBodyMode(_BodyMode):
         self._saved = None  # ``state`` stays None: every step goes through step()
 
     def begin(self):
-        pass  # the body starts in the caller's state, and the context is entered at every step
+        pass  # the context is entered at the first step, like at every other
 
     def _step(self, method, arg):
         caller = _get_autograd_mode_state()
-        if self._saved is not None:
-            _swap_autograd_mode_state(self._saved)
         try:
             with self._ctx_factory():
+                if self._saved is None:
+                    entered = _get_autograd_mode_state()
+                else:
+                    entered = _swap_autograd_mode_state(self._saved)
                 try:
                     return method(arg)
                 finally:
-                    self._saved = _get_autograd_mode_state()
+                    # The context exits in the state it entered.
+                    self._saved = _swap_autograd_mode_state(entered)
         finally:
             _swap_autograd_mode_state(caller)
 
