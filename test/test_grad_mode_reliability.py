@@ -992,6 +992,64 @@ class TestGarbageCollection(ReliabilityTestCase):
 
         self._no_cycles(loop)
 
+    def test_async_generator_in_a_cycle_is_finalised_in_its_mode(self):
+        # An object that owns its own async generator: the body and its
+        # wrapper become garbage together, and the collector may finalise the
+        # body first.  It must then be closed in its own mode, not directly.
+        seen = []
+
+        class Streamer:
+            def __init__(self):
+                self.it = self.stream()
+
+            @torch.no_grad()
+            async def stream(self):
+                try:
+                    with torch.enable_grad():
+                        while True:
+                            await asyncio.sleep(0)
+                            yield torch.is_grad_enabled()
+                finally:
+                    seen.append(("finally", torch.is_grad_enabled()))
+
+        errors = []
+
+        async def main():
+            asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+            s = Streamer()
+            first = await s.it.__anext__()
+            del s
+            gc.collect()
+            after_gc = torch.is_grad_enabled()
+            await asyncio.sleep(0.01)
+            return first, after_gc, torch.is_grad_enabled()
+
+        self.assertEqual(asyncio.run(main()), (True, True, True))
+        self.assertEqual(seen, [("finally", False)])  # the decorator's mode, outside the block
+        self.assertEqual(errors, [])
+
+    def test_wrapper_closed_after_its_body_closes_quietly(self):
+        # What the cyclic collector does when it finalises a body before its
+        # wrapper: close the body first, then the wrapper.
+        @torch.no_grad()
+        def gen():
+            yield 1
+            yield 2
+
+        @torch.no_grad()
+        async def coro():
+            await suspend()
+            await suspend()
+
+        for make, start in ((gen, next), (coro, lambda c: c.send(None))):
+            with self.subTest(make.__name__):
+                wrapper = make()
+                start(wrapper)
+                body = (getattr(wrapper, "gi_frame", None) or wrapper.cr_frame).f_locals["body"]
+                body.close()
+                wrapper.close()  # neither RuntimeError nor a second close of the body
+                self.assertTrue(torch.is_grad_enabled())
+
     def test_reentered_context_wrappers_create_no_cycles(self):
         # A context without a known effect takes _BodyMode.step at every
         # step: the step frames in a failure's traceback hold the body and
@@ -1119,18 +1177,14 @@ class TestBadInput(ReliabilityTestCase):
                     torch.set_grad_enabled(bad)
                 self.assertEqual(mode_state(), PLAIN)
 
-    # torch.inference_mode(None) (or "yes", 1) is taken for the function of
-    # ``@torch.inference_mode`` without parentheses.  torch 2.13.0 silently
-    # returns a useless "decorated" object; the patch raises
-    # "TypeError: a context manager can only decorate a function or other
-    # callable, not NoneType None" -- better, but it never says that the
-    # *mode* argument was wrong.  Suggested: in inference_mode.__new__, raise
-    # TypeError("inference_mode(): argument 'mode' must be bool or a function,
-    # not NoneType") when *mode* is neither a bool nor callable.  Remove the
-    # marker when that is done.
+    # torch.inference_mode(None) (or "yes", 1) used to be taken for the
+    # function of ``@torch.inference_mode`` without parentheses: torch 2.13.0
+    # silently returns a useless "decorated" object.
     def test_inference_mode_non_bool_names_the_argument(self):
-        for bad in (None, "yes", 1):
-            with self.assertRaisesRegex(TypeError, "mode.*must be bool"):
+        import numpy as np
+
+        for bad, name in ((None, "NoneType"), ("yes", "str"), (1, "int"), (np.True_, "numpy.bool")):
+            with self.assertRaisesRegex(TypeError, f"mode must be bool .*, not {name}$"):
                 torch.inference_mode(bad)
             self.assertEqual(mode_state(), PLAIN)
 

@@ -311,7 +311,7 @@ class inference_mode(_DecoratorContextManager):
             return cls()(mode)
         raise TypeError(
             "torch.inference_mode(): mode must be bool (or, used as @torch.inference_mode "
-            f"without parentheses, the function to decorate), not {type(mode).__name__}"
+            f"without parentheses, the function to decorate), not {torch.typename(mode)}"
         )
 
     def __enter__(self) -> None:

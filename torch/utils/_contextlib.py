@@ -189,6 +189,11 @@ def _close_async_generator(agen, pending):
         pass
 
 
+def _finalize_async_generator(mode, agen):
+    """Close async generator *agen*, found unreachable before its wrapper, in its mode."""
+    mode.abandon(functools.partial(_close_async_generator, agen, None))
+
+
 # Dynamo's eval-frame callback, switched off around the steps of a body it
 # must not see (see _without_dynamo).  Bound from torch._C, which is loaded
 # already: this imports no part of torch._dynamo.
@@ -227,6 +232,17 @@ def _without_dynamo(func, *args, **kwargs):
         return func(*args, **kwargs)
     finally:
         _set_eval_frame(prior)
+
+
+def _is_closed(body):
+    """Whether *body*, a generator, coroutine or async generator, has finished."""
+    if isinstance(body, types.GeneratorType):
+        return inspect.getgeneratorstate(body) == inspect.GEN_CLOSED
+    if isinstance(body, types.CoroutineType):
+        return inspect.getcoroutinestate(body) == inspect.CORO_CLOSED
+    if isinstance(body, types.AsyncGeneratorType):
+        return body.ag_frame is None
+    return False
 
 
 def _is_suspended(body):
@@ -323,6 +339,11 @@ def _driver(start):
                     # one-argument ``throw``: the exception carries its own
                     # traceback, and the three-argument form is deprecated
                     # since Python 3.12.
+                    if type(exc) is GeneratorExit and _is_closed(body):
+                        # The cyclic collector finalised the body first: we are
+                        # closed too.  (Thrown into, a closed coroutine raises
+                        # RuntimeError.)
+                        raise
                     method, arg = body.throw, exc
                 else:
                     # The caller sent a value (``next`` sends None): resume the body.
@@ -377,6 +398,8 @@ def _async_driver(start):
                 try:
                     arg = await _suspend(response)
                 except BaseException as exc:
+                    if type(exc) is GeneratorExit and _is_closed(body):
+                        raise
                     method, arg = body.throw, exc
                 else:
                     method = send
@@ -460,12 +483,14 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
         agen = _without_dynamo(func, *args, **kwargs)
         # The body runs only inside the awaitables of asend/athrow; each is
         # driven step by step through the same body mode.  The first one is
-        # made with the event loop's async-generator hooks cleared: only this
-        # wrapper is registered for finalisation, so that the loop (at
+        # made with the event loop's async-generator hooks replaced: only this
+        # wrapper is registered with the loop, so that the loop (at
         # shutdown_asyncgens, or trio at the end of its run) closes the body
-        # through us, in its mode, and never directly.
+        # through us, in its mode; and the body's own finaliser, which runs
+        # only when the cyclic collector reaches the body before this wrapper,
+        # closes it in its mode too.
         hooks = sys.get_asyncgen_hooks()
-        sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+        sys.set_asyncgen_hooks(firstiter=None, finalizer=functools.partial(_finalize_async_generator, mode))
         try:
             pending = agen.asend(None)
         finally:
@@ -495,6 +520,9 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
                 # makes our caller's aclose() fail and stays resumable, as it
                 # would undecorated.  Thrown later, from outside this
                 # ``except`` block, for the same reason as in _driver.
+                if type(exc) is GeneratorExit and _is_closed(agen):
+                    # Finalised first by the cyclic collector (see above).
+                    raise
                 pending = agen.athrow(exc)
             else:
                 pending = agen.asend(request)
