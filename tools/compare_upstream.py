@@ -13,7 +13,7 @@ UPSTREAM_DIR holds fetched upstream test files::
 Each file is run with ``PYTHON -m pytest FILE -q -p no:cacheprovider -p no:logging -rf``
 from its own folder, once with ``TORCH_GRADMODE_OVERLAY=0`` (stock torch) and once
 without it (the patch).  The FAILED test ids of both runs are compared.  Exit code 1
-if the patched run fails any test that the stock run passes.
+if the patched run fails any test that the stock run passes, or runs fewer tests.
 """
 
 import argparse
@@ -92,13 +92,18 @@ def main(argv=None):
         stock_res, patched_res = results["stock"], results["patched"]
         new = sorted(patched_res["failed"] - stock_res["failed"])
         gone = sorted(stock_res["failed"] - patched_res["failed"])
-        any_new = any_new or bool(new)
+        # A patched run that crashed or collected fewer tests lists fewer
+        # failures too: that is not a pass.
+        short = patched_res["ran"] < stock_res["ran"]
+        any_new = any_new or bool(new) or short
         rows.append((filename, stock_res, patched_res))
         print(f"== {os.path.join(sub, filename)}")
         for label, res in results.items():
             counts = ", ".join(f"{v} {k}" for k, v in sorted(res["counts"].items())) or "no summary"
             print(f"  {label:8s} ran {res['ran']:5d}  failed {len(res['failed']):4d}  "
                   f"(rc {res['rc']}; {counts}; {res['elapsed']:.0f}s)")
+        if short:
+            print(f"  PATCHED RUN RAN FEWER TESTS ({patched_res['ran']} < {stock_res['ran']}): see its output")
         print(f"  new failures (patched only): {len(new)}")
         for t in new:
             print(f"    {t}")
