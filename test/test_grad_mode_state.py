@@ -297,6 +297,29 @@ class TestGradModeOtherContexts(TestCase):
         self.assertEqual(on_own_thread(run), ([True] * (STEPS + 1), [False] * STEPS))
 
 
+class TestGradModeStateCollection(TestCase):
+    def test_graph_exec_group_cycle_through_suspended_body_is_collected(self):
+        import gc
+        import weakref
+
+        from torch.utils.checkpoint import GraphExecGroup
+
+        @torch.no_grad()
+        def body():
+            yield 1
+            yield 2
+
+        group = GraphExecGroup()
+        with group:
+            gen = body()
+            next(gen)  # the body's saved state holds the group
+        group.gen = gen  # group -> wrapper -> body mode -> saved state -> group
+        alive = weakref.ref(group)
+        del gen, group
+        gc.collect()
+        self.assertIsNone(alive())
+
+
 class _Mixin:
     def __init__(self, *args, **kwargs):
         self.mixin_initialised = True

@@ -53,8 +53,31 @@ struct THPAutogradModeState {
   AutogradModeState state;
 };
 
+// AutogradState may hold a Python object, its graph execution group (see
+// torch.utils.checkpoint.GraphExecGroup), which may in turn refer to the
+// suspended body holding this state: such states take part in cyclic
+// garbage collection.  The others, nearly all, are never tracked.
+const c10::SafePyObject* graph_exec_group(PyObject* self) {
+  const auto& group =
+      reinterpret_cast<THPAutogradModeState*>(self)->state.autograd.get_graph_exec_group();
+  return group ? &*group : nullptr;
+}
+
+int THPAutogradModeState_traverse(PyObject* self, visitproc visit, void* arg) {
+  if (auto group = graph_exec_group(self)) {
+    Py_VISIT(group->ptr(&group->pyinterpreter()));
+  }
+  return 0;
+}
+
+int THPAutogradModeState_clear(PyObject* self) {
+  reinterpret_cast<THPAutogradModeState*>(self)->state.autograd.set_graph_exec_group(
+      std::nullopt);
+  return 0;
+}
+
 void THPAutogradModeState_dealloc(PyObject* self) {
-  // AutogradState may hold a Python object (its graph execution group).
+  PyObject_GC_UnTrack(self);
   reinterpret_cast<THPAutogradModeState*>(self)->state.~AutogradModeState();
   Py_TYPE(self)->tp_free(self);
 }
@@ -79,18 +102,24 @@ PyTypeObject THPAutogradModeStateType = {
     nullptr, /* tp_getattro */
     nullptr, /* tp_setattro */
     nullptr, /* tp_as_buffer */
-    Py_TPFLAGS_DEFAULT, /* tp_flags */
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, /* tp_flags */
     "A thread's AutogradState and the dispatch key bits inference mode toggles.", /* tp_doc */
+    THPAutogradModeState_traverse, /* tp_traverse */
+    THPAutogradModeState_clear, /* tp_clear */
 };
 
 // Returns a new reference to the calling thread's state.
 PyObject* capture() {
-  auto self = PyObject_New(THPAutogradModeState, &THPAutogradModeStateType);
+  auto self = PyObject_GC_New(THPAutogradModeState, &THPAutogradModeStateType);
   if (!self) {
     return nullptr;
   }
   new (&self->state) AutogradModeState();
-  return reinterpret_cast<PyObject*>(self);
+  auto object = reinterpret_cast<PyObject*>(self);
+  if (graph_exec_group(object)) {
+    PyObject_GC_Track(object);
+  }
+  return object;
 }
 
 void install(const AutogradModeState& state) {
