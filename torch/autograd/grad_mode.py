@@ -5,7 +5,7 @@ import torch
 
 # The grad-mode ``__enter__``/``__exit__`` methods call these by their bare
 # names: for a ``with`` block, looking up ``torch._C._set_grad_enabled``
-# through two modules costs more than the call itself (#5).  TorchScript,
+# through two modules costs more than the call itself.  TorchScript,
 # which compiles ``no_grad``, resolves the names to the same builtins.
 from torch._C import _set_grad_enabled, is_grad_enabled
 from torch.utils._contextlib import (
@@ -87,7 +87,7 @@ class no_grad(_NoParamDecoratorContextManager):
 
     def __init__(self) -> None:
         if not torch._jit_internal.is_scripting():
-            # A mixin's __init__ runs, as in torch 2.13.0.
+            # So that a mixin's __init__ runs.
             super().__init__()
         # Declares ``prev`` for TorchScript, which compiles this class.
         self.prev = False
@@ -369,7 +369,7 @@ class set_multithreading_enabled(_DecoratorContextManager):
 
     def __call__(self, orig_func: F) -> F:
         # The constructor already switched the setting, as the function form
-        # must; the decorator line must not (torch 2.13.0 left it switched).
+        # must; the decorator line must leave the setting alone.
         torch._C._set_multithreading_enabled(self.prev)
         return super().__call__(orig_func)
 

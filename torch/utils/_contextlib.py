@@ -129,11 +129,11 @@ class _BodyMode:
 class _ReenteringBodyMode(_BodyMode):
     """A :class:`_BodyMode` for a context without a known effect, entered afresh around every step.
 
-    That is what torch 2.13.0 did for every context (``dual_level``,
-    third-party subclasses): their effect may be more than autograd mode
-    state.  For autograd mode state the body is treated as under the
-    built-in decorators: it starts from what the context sets, and from then
-    on carries its own, swapped in inside the context.
+    Such contexts (``dual_level``, third-party subclasses) may do more than
+    set autograd mode state, so each step gets a fresh one.  For autograd
+    mode state the body is treated as under the built-in decorators: it
+    starts from what the context sets, and from then on carries its own,
+    swapped in inside the context.
     """
 
     __slots__ = ("_saved",)
@@ -213,7 +213,7 @@ def _without_dynamo(func, *args, **kwargs):
     """Return ``func(*args, **kwargs)``, called with Dynamo's eval-frame callback off.
 
     Used to make, step and close coroutine and async-generator bodies.
-    Dynamo (torch 2.13.0) cannot compile them, but takes only
+    Dynamo cannot compile them, but takes only
     ``CO_GENERATOR`` for the sign of a suspendable frame: a coroutine or async
     generator function called while a compiled region's callback is active --
     in a graph break, around ``asyncio.run`` say -- has its frame converted.
@@ -288,8 +288,7 @@ def _driver(start):
     delegates to with ``yield from``), so that a generator that ignores
     ``GeneratorExit`` stays suspended, and resumable, as it would undecorated;
     and it runs the common step itself, so that a step costs one Python frame
-    on top of the body's, as in torch 2.13.0 (a decorated recursive generator
-    reaches the same depth).
+    on top of the body's (a decorated recursive generator gets deep).
     """
 
     def drive(*args, **kwargs):
@@ -702,7 +701,7 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
 
     # What ``super().__new__`` finds, looked up once per class rather than on
     # every ``with torch.no_grad():``, where the ``super()`` call cost about
-    # a sixth of the whole block (#5).  A subclass whose MRO puts a base with
+    # a sixth of the whole block.  A subclass whose MRO puts a base with
     # a ``__new__`` of its own after this class gets that one.  Others
     # inherit this entry: TorchScript refuses to compile a class (no_grad)
     # that holds a builtin such as object.__new__ in its own namespace.
