@@ -235,9 +235,7 @@ def _without_dynamo(func, *args, **kwargs):
 
 
 def _is_closed(body):
-    """Whether *body*, a generator, coroutine or async generator, has finished."""
-    if isinstance(body, types.GeneratorType):
-        return inspect.getgeneratorstate(body) == inspect.GEN_CLOSED
+    """Whether *body*, a coroutine or async generator, has finished."""
     if isinstance(body, types.CoroutineType):
         return inspect.getcoroutinestate(body) == inspect.CORO_CLOSED
     if isinstance(body, types.AsyncGeneratorType):
@@ -338,11 +336,6 @@ def _driver(start):
                     # one-argument ``throw``: the exception carries its own
                     # traceback, and the three-argument form is deprecated
                     # since Python 3.12.
-                    if type(exc) is GeneratorExit and _is_closed(body):
-                        # The cyclic collector finalised the body first: we are
-                        # closed too.  (Thrown into, a closed coroutine raises
-                        # RuntimeError.)
-                        raise
                     method, arg = body.throw, exc
                 else:
                     # The caller sent a value (``next`` sends None): resume the body.
@@ -398,6 +391,9 @@ def _async_driver(start):
                     arg = await _suspend(response)
                 except BaseException as exc:
                     if type(exc) is GeneratorExit and _is_closed(body):
+                        # The cyclic collector finalised the body first: we are
+                        # closed too.  (A closed generator re-raises what is
+                        # thrown into it; a closed coroutine raises RuntimeError.)
                         raise
                     method, arg = body.throw, exc
                 else:
