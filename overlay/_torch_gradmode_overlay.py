@@ -13,6 +13,7 @@ The tree is rebuilt when the torch install or the set of owned files changes.
 Set ``TORCH_GRADMODE_OVERLAY=0`` to run one process against stock torch.
 """
 
+import hashlib
 import importlib.abc
 import importlib.util
 import os
@@ -25,7 +26,11 @@ ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
 
 _OVERLAY_DIR = os.path.dirname(os.path.realpath(__file__))
 CHECKOUT = os.path.dirname(_OVERLAY_DIR)
-TREE_ROOT = os.path.join(CHECKOUT, "build", "overlay")
+# One link tree per environment: the venvs of one checkout (one per Python,
+# say) each have their own torch, and a shared tree would follow whichever
+# started an interpreter last, under the feet of the others.
+_ENV_KEY = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+TREE_ROOT = os.path.join(CHECKOUT, "build", f"overlay-{_ENV_KEY}")
 
 
 def owned_files():

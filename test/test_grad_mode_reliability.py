@@ -375,6 +375,22 @@ class TestFaults(ReliabilityTestCase):
             gc.collect()
         self.assertEqual([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)], [])
 
+    def test_context_manager_failing_before_async_generator_starts_does_not_warn(self):
+        # The same for an async generator: its first asend, made but never
+        # started, must not be reported as never awaited (Python 3.13 does).
+        async def agen():
+            yield 1
+
+        async def consume():
+            return [x async for x in faulty("enter", 1)(agen)()]
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(CMError):
+                drive(consume())
+            gc.collect()
+        self.assertEqual([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)], [])
+
     def test_context_manager_raises_on_every_step(self):
         # No step at all can run: the body never starts, the caller's mode is intact.
         class AlwaysFails(_DecoratorContextManager):

@@ -10,7 +10,7 @@ does the little they would do here:
    enumerate mutants (one small change each, see ``Mutator``);
 3. for each mutant, write the mutated module into a *mutant tree* -- a
    directory ``torch/`` whose entries are links to the installed link tree
-   (``build/overlay/torch``) except for the directories on the way to the
+   (``build/overlay-<key>/torch``) except for the directories on the way to the
    owned modules, which are real directories of links, the owned modules being
    real files -- and run the selected tests with
    ``TORCH_GRADMODE_OVERLAY=0 PYTHONPATH=<tree>`` so that ``import torch``
@@ -54,7 +54,7 @@ TEST_FILES = [
 ]
 TEST_HELPERS = ["test/grad_mode_programs.py"]
 OPTIONAL_TEST_FILES = ["test/test_grad_mode_compat.py"]  # slow: only with --tests
-DEFAULT_PYTHON = "/work/venv/bin/python"
+DEFAULT_PYTHON = os.path.join(CHECKOUT, ".venv", "bin", "python")
 TEST_ENV = {
     "GRAD_MODE_PROPERTY_PROGRAMS": "100",
     "GRAD_MODE_ASYNC_PROPERTY_PROGRAMS": "50",
@@ -235,7 +235,11 @@ def snapshot(workdir):
 
 def build_tree(root, snap, python):
     """A torch/ link tree at *root* whose owned modules are real files copied from *snap*."""
-    base = os.path.join(CHECKOUT, "build", "overlay", "torch")
+    tree = subprocess.run(
+        [python, "-c", "import _torch_gradmode_overlay as o; print(o.TREE_ROOT)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    base = os.path.join(tree, "torch")
     if not os.path.isdir(base):
         raise SystemExit(f"no link tree at {base}: run `python -c 'import torch'` in the venv once")
     shutil.rmtree(root, ignore_errors=True)

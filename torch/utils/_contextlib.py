@@ -182,6 +182,10 @@ def _close_async_generator(agen, pending):
         if agen.ag_running:
             pending.throw(GeneratorExit())
         else:
+            if pending is not None:
+                # Never started (the step failed before it): Python 3.13
+                # warns that an unstarted asend was never awaited.
+                pending.close()
             agen.aclose().send(None)
     except (GeneratorExit, StopIteration, StopAsyncIteration):
         # Closed; GeneratorExit must not escape _BodyMode.abandon, which
