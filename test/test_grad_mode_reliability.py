@@ -1044,6 +1044,23 @@ class TestGarbageCollection(ReliabilityTestCase):
         self.assertEqual(seen, [("finally", False)])  # the decorator's mode, outside the block
         self.assertEqual(errors, [])
 
+    def test_closing_a_suspended_coroutine_closes_its_body_at_once(self):
+        seen = []
+
+        @torch.no_grad()
+        async def coro():
+            try:
+                with torch.enable_grad():
+                    await suspend()
+            finally:
+                seen.append(torch.is_grad_enabled())  # the decorator's mode
+
+        c = coro()
+        c.send(None)
+        c.close()
+        self.assertEqual(seen, [False])
+        self.assertTrue(torch.is_grad_enabled())
+
     def test_wrapper_closed_after_its_body_closes_quietly(self):
         # What the cyclic collector does when it finalises a body before its
         # wrapper: close the body first, then the wrapper.
