@@ -1054,10 +1054,12 @@ class TestGarbageCollection(ReliabilityTestCase):
                     await suspend()
             finally:
                 seen.append(torch.is_grad_enabled())  # the decorator's mode
+                raise CMError("from finally")
 
         c = coro()
         c.send(None)
-        c.close()
+        with self.assertRaisesRegex(CMError, "from finally"):  # as undecorated
+            c.close()
         self.assertEqual(seen, [False])
         self.assertTrue(torch.is_grad_enabled())
 
