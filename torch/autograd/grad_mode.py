@@ -87,8 +87,9 @@ class no_grad(_NoParamDecoratorContextManager):
 
     def __init__(self) -> None:
         if not torch._jit_internal.is_scripting():
-            # So that a mixin's __init__ runs.
-            super().__init__()
+            # See _NoParamDecoratorContextManager._cooperative_init.
+            if self._cooperative_init:
+                super().__init__()
         # Declares ``prev`` for TorchScript, which compiles this class.
         self.prev = False
 
