@@ -12,7 +12,8 @@ whoever runs next, and a mode set by the caller would leak into the body.
 What the decorators own is the thread's *autograd mode state*: its
 ``c10::AutogradState`` (grad mode, inference mode, forward AD,
 multithreading, view replay, grad-layout enforcement) and the dispatch key
-bits inference mode toggles.  A decorated body carries its own from step to
+bits inference mode toggles (switched with inference mode itself, so that
+autograd keys other code excludes stay that code's).  A decorated body carries its own from step to
 step, starting from the caller's with the decorator's ``with`` block applied;
 the caller gets its own back exactly after every step.  Every other piece of
 thread state (autocast, dispatch and torch-function modes and their keys,
@@ -27,11 +28,14 @@ returns the one it replaced (torch/csrc/autograd/python_autograd_mode_state.cpp)
 This module treats every suspendable body the same way (the design of PR
 #49017, extended):
 
-* :class:`_BodyMode` holds the state of one running body and the cases in
-  which a step takes more than a swap: the first step, a context without a
-  known effect (:class:`_ReenteringBodyMode`), a body Dynamo must not see;
+* :class:`_BodyMode` holds the state of one running body, computes its
+  starting state, and runs the steps that take more than a swap: those of a
+  context without a known effect (:class:`_ReenteringBodyMode`) and of a
+  body Dynamo must not see;
 * :func:`_driver` makes the one step driver: it relays ``send``/``throw``/
-  ``close`` from the caller to the body, one step at a time;
+  ``close`` from the caller to the body, one step at a time, swapping the
+  body's state in and the caller's back in its own frame
+  (:func:`_async_driver` is its coroutine twin);
 * thin wrappers make a generator function, a coroutine function or an async
   generator function of the same kind around it;
 * :func:`context_decorator` picks the wrapper by the kind of function.
