@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Lint the Python files the pull request carries (tools/upstream_bound.txt) the
+# way upstream PyTorch's lintrunner does, with upstream's rules restated in
+# lint/upstream/ and upstream's tool versions pinned in requirements-dev.txt
+# (ruff, mypy, pyrefly, xdoctest) and lint/upstream/requirements-flake8.txt
+# (flake8 and its plugins, in a venv of their own under build/).
+#
+#   ruff check, ruff format --check   every listed .py file
+#   flake8                            every listed .py file
+#   mypy, pyrefly                     the listed files under torch/ (upstream's
+#                                     MYPY and PYREFLY linters cover torch/ and
+#                                     a fixed list of tests, none of ours)
+#   xdoctest                          the docstring examples of the listed
+#                                     modules under torch/, as upstream's
+#                                     run_test.py --xdoctest runs them
+#
+# mypy and pyrefly check a link tree of the installed torch wheel
+# (build/lint-upstream/tree) with the checkout's modules in place of the
+# wheel's, and torch/_C/__init__.pyi extended by
+# lint/upstream/autograd_mode_state.pyi: the declarations the pull request adds
+# to upstream's torch/_C/__init__.pyi.in for the binding's names.
+#
+# One summary line per linter; exit status 1 if any linter found anything (or
+# failed to run).  VENV (default .venv) is the venv made by tools/setup_env.sh.
+# Files listed but not there yet are skipped with a note.
+#
+#   bash tools/lint_upstream.sh           the checkout's files
+#   bash tools/lint_upstream.sh --stock   the installed wheel's own copies of
+#                                         the listed torch/ modules, through
+#                                         the same linters: stock torch is
+#                                         clean upstream, so it must be clean
+#                                         here too, or lint/upstream/ is wrong
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VENV:-.venv}
+PY=$VENV/bin/python
+CFG=lint/upstream
+WORK=$ROOT/build/lint-upstream
+mkdir -p "$WORK"
+LOG=$WORK/last.log
+: >"$LOG"
+
+STOCK=0
+case ${1:-} in
+--stock) STOCK=1 ;;
+"") ;;
+*)
+    echo "usage: $0 [--stock]" >&2
+    exit 2
+    ;;
+esac
+
+if [ ! -x "$PY" ]; then
+    echo "error: no venv at $VENV (run tools/setup_env.sh first)" >&2
+    exit 2
+fi
+WHEEL=$(TORCH_GRADMODE_OVERLAY=0 "$PY" -c \
+    "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))")
+
+files=()
+torch_files=()
+while IFS= read -r line; do
+    line=${line%%#*}
+    line=${line//[[:space:]]/}
+    case $line in
+    *.py) ;;
+    *) continue ;;
+    esac
+    if [ $STOCK -eq 1 ]; then
+        case $line in
+        torch/*)
+            files+=("$WHEEL/${line#torch/}")
+            torch_files+=("$line")
+            ;;
+        esac
+        continue
+    fi
+    if [ ! -f "$line" ]; then
+        echo "note: $line is listed in tools/upstream_bound.txt but does not exist yet: skipped"
+        continue
+    fi
+    files+=("$line")
+    case $line in torch/*) torch_files+=("$line") ;; esac
+done <tools/upstream_bound.txt
+if [ $STOCK -eq 1 ]; then
+    echo "note: linting stock torch's own copies of the listed modules (in $WHEEL)"
+fi
+if [ ${#files[@]} -eq 0 ]; then
+    echo "error: no upstream-bound .py file found" >&2
+    exit 2
+fi
+
+status=0
+# report NAME RC DETAIL: one summary line; the output is in $LOG.
+report() {
+    if [ "$2" -eq 0 ]; then
+        echo "$1: clean ($3)"
+    else
+        echo "$1: FAILED ($3)"
+        status=1
+    fi
+}
+# run NAME CMD...: run CMD, showing and logging its output.
+run() {
+    local name=$1 rc
+    shift
+    echo "--- $name: $*" >>"$LOG"
+    "$@" >"$WORK/out" 2>&1
+    rc=$?
+    cat "$WORK/out" >>"$LOG"
+    if [ $rc -ne 0 ]; then
+        sed 's/^/    /' "$WORK/out"
+    fi
+    return $rc
+}
+
+n=${#files[@]}
+
+# --- ruff -----------------------------------------------------------------
+run "ruff check" "$VENV/bin/ruff" check --config "$CFG/ruff.toml" --no-cache --output-format concise "${files[@]}"
+rc=$?
+report "ruff check" $rc "$n files; $(grep -cE '^[^ ]+:[0-9]+:[0-9]+: ' "$WORK/out") findings"
+
+run "ruff format" "$VENV/bin/ruff" format --check --config "$CFG/ruff.toml" --no-cache "${files[@]}"
+rc=$?
+report "ruff format --check" $rc "$n files; $(grep -c '^Would reformat' "$WORK/out") would be reformatted"
+
+# --- flake8, in its own venv ----------------------------------------------
+F8=$WORK/flake8-venv
+stamp=$(cat "$CFG/requirements-flake8.txt" "$PY" 2>/dev/null | sha256sum | cut -c1-16)
+if [ "$(cat "$F8/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$F8"
+    "$PY" -m venv "$F8" &&
+        "$F8/bin/python" -m pip install -q --disable-pip-version-check -r "$CFG/requirements-flake8.txt" >>"$LOG" 2>&1 &&
+        echo "$stamp" >"$F8/.stamp"
+fi
+# -W: flake8-logging-format's import of pkg_resources warns on every run.
+run flake8 "$F8/bin/python" -W "ignore::UserWarning" -m flake8 --config "$CFG/flake8.ini" "${files[@]}"
+rc=$?
+report flake8 $rc "$n files; $(grep -cE '^[^ ]+:[0-9]+:[0-9]+: ' "$WORK/out") findings"
+
+# --- the link tree for mypy and pyrefly -----------------------------------
+if [ ${#torch_files[@]} -gt 0 ]; then
+    TREE=$WORK/tree
+    owned=("${torch_files[@]}")
+    if [ $STOCK -eq 1 ]; then
+        owned=()  # the wheel's own modules stay in the tree
+    fi
+    TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG/autograd_mode_state.pyi" ${owned[@]+"${owned[@]}"} <<'EOF'
+import importlib.util
+import os
+import shutil
+import sys
+
+tree, stub_extra, *owned = sys.argv[1:]
+wheel = os.path.dirname(importlib.util.find_spec("torch").origin)
+stub = "_C/__init__.pyi"
+# Paths under torch/ that the tree replaces; their parents become real dirs.
+replaced = {os.path.relpath(path, "torch"): os.path.abspath(path) for path in owned}
+replaced[stub] = None
+dirs = {""}
+for rel in replaced:
+    parts = rel.split("/")[:-1]
+    dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+
+shutil.rmtree(tree, ignore_errors=True)
+for rel in sorted(dirs):
+    os.makedirs(os.path.join(tree, "torch", rel), exist_ok=True)
+    src = os.path.join(wheel, rel)
+    for name in os.listdir(src):
+        entry = os.path.join(rel, name) if rel else name
+        if entry in replaced or entry in dirs or name == "__pycache__":
+            continue
+        os.symlink(os.path.join(src, name), os.path.join(tree, "torch", entry))
+for rel, target in replaced.items():
+    if target is not None:
+        os.symlink(target, os.path.join(tree, "torch", rel))
+with open(os.path.join(wheel, stub)) as f:
+    text = f.read()
+with open(stub_extra) as f:
+    text += "\n" + f.read()
+with open(os.path.join(tree, "torch", stub), "w") as f:
+    f.write(text)
+EOF
+    tree_rc=$?
+fi
+
+# --- mypy -----------------------------------------------------------------
+if [ ${#torch_files[@]} -eq 0 ]; then
+    echo "mypy: nothing to check (no listed file under torch/)"
+elif [ $tree_rc -ne 0 ]; then
+    report mypy 1 "could not build the link tree"
+else
+    (cd "$TREE" && run mypy "$ROOT/$PY" -m mypy --config-file "$ROOT/$CFG/mypy.ini" \
+        --cache-dir "$WORK/mypy-cache" --python-executable "$ROOT/$PY" "${torch_files[@]}")
+    rc=$?
+    report mypy $rc "${#torch_files[@]} files; $(grep -c ': error:' "$WORK/out") errors"
+fi
+
+# --- pyrefly (if installed) -----------------------------------------------
+if [ ${#torch_files[@]} -eq 0 ]; then
+    echo "pyrefly: nothing to check (no listed file under torch/)"
+elif [ ! -x "$VENV/bin/pyrefly" ]; then
+    echo "pyrefly: skipped (not installed in $VENV)"
+elif [ $tree_rc -ne 0 ]; then
+    report pyrefly 1 "could not build the link tree"
+else
+    (cd "$TREE" && run pyrefly "$ROOT/$VENV/bin/pyrefly" check --config "$ROOT/$CFG/pyrefly.toml" \
+        --python-interpreter-path "$ROOT/$PY" --search-path . "${torch_files[@]}")
+    rc=$?
+    report pyrefly $rc "${#torch_files[@]} files; $(grep -cE '^(ERROR|WARN) ' "$WORK/out") findings"
+fi
+
+# --- xdoctest -------------------------------------------------------------
+# As upstream's run_test.py runs the doctests: google style, static analysis,
+# its global-exec and options, and no TORCH_DOCTEST_* feature variable set for
+# a CPU-only run.  The modules are imported through the overlay, so the
+# checkout's code runs (with --stock, the overlay is off).
+if [ ${#torch_files[@]} -eq 0 ]; then
+    echo "xdoctest: nothing to run (no listed module under torch/)"
+else
+    modules=()
+    for f in "${torch_files[@]}"; do
+        m=${f%.py}
+        modules+=("${m//\//.}")
+    done
+    run xdoctest env TORCH_GRADMODE_OVERLAY=$((1 - STOCK)) $(env | grep -o '^TORCH_DOCTEST_[A-Z0-9_]*' | sed 's/^/-u /') "$PY" - "${modules[@]}" <<'EOF'
+import sys
+
+import xdoctest.runner
+
+config = {
+    "global_exec": r"\n".join(
+        ["from torch import nn", "import torch.nn.functional as F", "import torch"]
+    ),
+    "analysis": "static",
+    "style": "google",
+    "options": "+IGNORE_WHITESPACE",
+}
+failed = 0
+for module in sys.argv[1:]:
+    summary = xdoctest.runner.doctest_module(module, config=config, command="all", argv=[], verbose=1)
+    failed += summary.get("n_failed", 0)
+sys.exit(1 if failed else 0)
+EOF
+    rc=$?
+    # Each module's closing line: "=== 3 passed, 2 skipped in 1.5 seconds ===".
+    count() {
+        grep -E '=== .* in [0-9.]+ seconds ===' "$WORK/out" | grep -oE "[0-9]+ $1" |
+            awk '{s += $1} END {print s + 0}'
+    }
+    passed=$(count passed)
+    skipped=$(count skipped)
+    failed=$(count failed)
+    report xdoctest $rc "${#modules[@]} modules; $passed passed, $skipped skipped, $failed failed"
+fi
+
+exit $status
