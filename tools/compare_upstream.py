@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/compare_upstream.py UPSTREAM_DIR [--python PYTHON] [--timeout SECONDS]
+    python tools/compare_upstream.py UPSTREAM_DIR [--patch FILE] [--python PYTHON] [--timeout SECONDS]
 
 UPSTREAM_DIR holds fetched upstream test files::
 
@@ -14,18 +14,27 @@ Each file is run with ``PYTHON -m pytest FILE -q -p no:cacheprovider -p no:loggi
 from its own folder, once with ``TORCH_GRADMODE_OVERLAY=0`` (stock torch) and once
 without it (the patch).  The FAILED test ids of both runs are compared.  Exit code 1
 if the patched run fails any test that the stock run passes, or runs fewer tests.
+
+With ``--patch FILE`` (the pull request, from ``tools/export_pr.py``), the
+patched run uses a copy of UPSTREAM_DIR with the patch's test changes applied
+(``git apply --include='test/*'``), so that upstream's ``test_autograd.py``
+runs the new tests through its import of them; the stock run keeps the
+unpatched files, as the baseline.  It also reports how many tests the patch
+added to each file's run, and fails if it added none to ``test_autograd.py``.
 """
 
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
 RUNS = (("test_autograd.py", "."), ("test_ctx_manager.py", "dynamo"))
-PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rf"]
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rfE"]
 
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
 _COUNT = re.compile(r"(\d+) (failed|passed|skipped|errors?|xfailed|xpassed|deselected)\b")
@@ -64,15 +73,34 @@ def run_pytest(python, folder, filename, stock, timeout):
     return {"rc": rc, "failed": failed, "counts": counts, "ran": ran, "elapsed": elapsed, "output": out}
 
 
+def apply_patch(root, patch, work):
+    """Copy UPSTREAM_DIR to WORK/test and apply the patch's changes under test/ there."""
+    tests = os.path.join(work, "test")
+    shutil.copytree(root, tests, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    proc = subprocess.run(
+        ["git", "apply", "--include=test/*", os.path.abspath(patch)], cwd=work, capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise SystemExit(f"compare_upstream: error: {patch} does not apply to the test files of {root}:\n"
+                         f"{proc.stderr.strip()}")
+    return tests
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("upstream_dir")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
+    parser.add_argument("--patch", default=None, metavar="FILE",
+                        help="run the patched side on UPSTREAM_DIR with this pull request's test changes applied")
     args = parser.parse_args(argv)
 
     root = os.path.abspath(args.upstream_dir)
+    if args.patch and not os.path.isfile(args.patch):
+        parser.error(f"--patch {args.patch}: no such file")
+    work = tempfile.mkdtemp(prefix="compare_upstream-") if args.patch else None
+    patched_root = apply_patch(root, args.patch, work) if args.patch else root
     any_new = False
     rows = []
     for filename, sub in RUNS:
@@ -83,7 +111,8 @@ def main(argv=None):
             continue
         results = {}
         for label, stock in (("stock", True), ("patched", False)):
-            res = run_pytest(args.python, folder, filename, stock, args.timeout)
+            where = folder if stock else os.path.normpath(os.path.join(patched_root, sub))
+            res = run_pytest(args.python, where, filename, stock, args.timeout)
             results[label] = res
             if args.log_dir:
                 os.makedirs(args.log_dir, exist_ok=True)
@@ -95,7 +124,10 @@ def main(argv=None):
         # A patched run that crashed or collected fewer tests lists fewer
         # failures too: that is not a pass.
         short = patched_res["ran"] < stock_res["ran"]
-        any_new = any_new or bool(new) or short
+        added = patched_res["ran"] - stock_res["ran"]
+        # The pull request's point on this file: its tests must run through upstream's import.
+        none_added = bool(args.patch) and filename == "test_autograd.py" and added <= 0
+        any_new = any_new or bool(new) or short or none_added
         rows.append((filename, stock_res, patched_res))
         print(f"== {os.path.join(sub, filename)}")
         for label, res in results.items():
@@ -104,6 +136,8 @@ def main(argv=None):
                   f"(rc {res['rc']}; {counts}; {res['elapsed']:.0f}s)")
         if short:
             print(f"  PATCHED RUN RAN FEWER TESTS ({patched_res['ran']} < {stock_res['ran']}): see its output")
+        if args.patch:
+            print(f"  tests the patch added to this run: {added}" + ("  (NONE: is the import wired?)" if none_added else ""))
         print(f"  new failures (patched only): {len(new)}")
         for t in new:
             print(f"    {t}")
@@ -118,6 +152,8 @@ def main(argv=None):
             print(f"{filename:24s} {'missing':>10s}")
             continue
         print(f"{filename:24s} {s['ran']:10d} {len(s['failed']):13d} {p['ran']:12d} {len(p['failed']):15d}")
+    if work:
+        shutil.rmtree(work, ignore_errors=True)
     print("RESULT:", "NEW FAILURES" if any_new else "no new failures")
     return 1 if any_new else 0
 

@@ -1,0 +1,274 @@
+"""tools/export_pr.py on small PyTorch-shaped trees the tests build.
+
+The trees hold stand-ins for the upstream files the patch touches: a few
+lines each, with the lines the wiring edits anchor on.  One test uses the
+installed wheel's own copies of the files it ships (the two modules and
+Dynamo's trace rules), so that the anchors are checked against real text too.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPORT = os.path.join(ROOT, "tools", "export_pr.py")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import export_pr  # noqa: E402
+
+# Stand-ins for upstream files: only the shape the wiring edits rely on.
+STAND_INS = {
+    "version.txt": "2.13.0a0\n",
+    "torch/utils/_contextlib.py": "# stand-in for upstream's torch/utils/_contextlib.py\nX = 1\n",
+    "torch/autograd/grad_mode.py": "# stand-in for upstream's torch/autograd/grad_mode.py\nY = 2\n",
+    "test/test_autograd.py": (
+        "import torch\n\n\nclass TestAutograd:\n    pass\n\n\n"
+        "from autograd.test_complex import TestAutogradComplex  # noqa: F401\n"
+        "from autograd.test_functional import TestAutogradFunctional  # noqa: F401\n"
+        "from autograd.test_logging import TestAutogradLogging  # noqa: F401\n\n\n"
+        'if __name__ == "__main__":\n    run_tests()\n'
+    ),
+    "torch/csrc/Module.cpp": (
+        "#include <torch/csrc/autograd/generated/python_return_types.h>\n"
+        "#include <torch/csrc/autograd/python_cpp_function.h>\n"
+        "#include <torch/csrc/autograd/python_legacy_variable.h>\n"
+        "#include <torch/csrc/autograd/python_variable.h>\n"
+        "#include <torch/csrc/jit/python/init.h>\n\n"
+        "PyObject* initModule() {\n"
+        "  torch::autograd::initAutogradClosureBindings(module);\n"
+        "  torch::autograd::init_legacy_variable(module);\n"
+        "  torch::python::init_bindings(module);\n"
+        "}\n"
+    ),
+    "build_variables.bzl": (
+        "libtorch_python_core_sources = [\n"
+        '    "torch/csrc/autograd/init.cpp",\n'
+        '    "torch/csrc/autograd/python_anomaly_mode.cpp",\n'
+        '    "torch/csrc/autograd/python_cpp_function.cpp",\n'
+        '    "torch/csrc/autograd/python_variable.cpp",\n'
+        '    "torch/csrc/jit/python/init.cpp",\n'
+        "]\n\n"
+        "libtorch_python_distributed_sources = [\n"
+        '    "torch/csrc/autograd/python_zzz.cpp",\n'
+        "]\n"
+    ),
+    "torch/_C/__init__.pyi.in": (
+        "def is_grad_enabled() -> _bool: ...\n"
+        "def _set_grad_enabled(enabled: _bool) -> None: ...\n"
+        "def is_inference_mode_enabled() -> _bool: ...\n"
+    ),
+    "torch/_dynamo/trace_rules.py": (
+        "torch_c_binding_in_graph_functions = dict.fromkeys(\n"
+        "    [\n"
+        '        "torch._C._get_cpp_backtrace",\n'
+        '        "torch._C._set_grad_enabled",\n'
+        "    ],\n"
+        "    TorchInGraphFunctionVariable,\n"
+        ")\n"
+    ),
+    "docs/source/notes/autograd.rst": (
+        "Autograd mechanics\n==================\n\n"
+        ".. _locally-disable-grad-doc:\n\n"
+        "Locally disabling gradient computation\n"
+        "--------------------------------------\n\n"
+        "There are several mechanisms available from Python to locally disable\n"
+        "gradient computation.\n"
+    ),
+}
+
+
+def make_tree(where, files=STAND_INS):
+    for path, text in files.items():
+        full = os.path.join(where, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as f:
+            f.write(text)
+    git(where, "init", "-q")
+    git(where, "add", "-A")
+    git(where, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "upstream")
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def run_export(*args):
+    return subprocess.run([sys.executable, EXPORT, *args], capture_output=True, text=True)
+
+
+def patched_paths(patch):
+    return re.findall(r"^diff --git a/(\S+) b/", patch, re.M)
+
+
+class ExportTestCase(TestCase):
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+        self.tree = os.path.join(self.tmp, "pytorch")
+        self.out = os.path.join(self.tmp, "pr.patch")
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        super().tearDown()
+
+    def export_ok(self, *extra):
+        proc = run_export("--upstream", self.tree, "--out", self.out, *extra)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(self.out) as f:
+            return f.read(), proc.stderr
+
+    def export_fails(self, *extra):
+        proc = run_export("--upstream", self.tree, "--out", self.out, *extra)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertFalse(os.path.exists(self.out))
+        self.assertNotIn("Traceback", proc.stderr)
+        return proc.stderr
+
+
+class TestExport(ExportTestCase):
+    def setUp(self):
+        super().setUp()
+        make_tree(self.tree)
+
+    def test_applies_and_carries_the_checkout(self):
+        patch, _ = self.export_ok()
+        git(self.tree, "apply", "--check", self.out)
+        git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
+        for path in export_pr.manifest():
+            with open(os.path.join(ROOT, path)) as ours, open(os.path.join(self.tree, path)) as theirs:
+                self.assertEqual(theirs.read(), ours.read(), path)
+
+    def test_touches_only_its_files_and_few_upstream_lines(self):
+        patch, _ = self.export_ok()
+        paths = patched_paths(patch)
+        self.assertEqual(sorted(paths), sorted(set(export_pr.manifest()) | set(export_pr.WIRING)))
+        stat = git(self.tree, "apply", "--numstat", self.out)
+        replaced = {"torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"}
+        for line in stat.splitlines():
+            added, removed, path = line.split("\t")
+            if path in export_pr.WIRING:
+                self.assertEqual(removed, "0", path)
+                self.assertLessEqual(int(added), 8, path)
+            elif path not in replaced:
+                self.assertEqual(removed, "0", f"{path} is new: nothing of upstream's to remove")
+
+    def test_wiring_lands_where_upstream_keeps_its_likes(self):
+        self.export_ok()
+        git(self.tree, "apply", self.out)
+
+        def read(path):
+            with open(os.path.join(self.tree, path)) as f:
+                return f.read()
+
+        imports = [line for line in read("test/test_autograd.py").splitlines() if line.startswith("from autograd.")]
+        self.assertEqual(imports, sorted(imports))
+        for module in ("test_grad_mode_state", "test_grad_mode_suspend"):
+            self.assertTrue(any(line.startswith(f"from autograd.{module} import") for line in imports), module)
+        module_cpp = read("torch/csrc/Module.cpp")
+        self.assertIn("#include <torch/csrc/autograd/python_autograd_mode_state.h>\n"
+                      "#include <torch/csrc/autograd/python_cpp_function.h>\n", module_cpp)
+        self.assertIn("  torch::autograd::init_legacy_variable(module);\n"
+                      "  torch::autograd::init_autograd_mode_state(module);\n", module_cpp)
+        bzl = read("build_variables.bzl")
+        core = bzl.split("libtorch_python_distributed_sources")[0]
+        self.assertIn('    "torch/csrc/autograd/python_anomaly_mode.cpp",\n'
+                      '    "torch/csrc/autograd/python_autograd_mode_state.cpp",\n'
+                      '    "torch/csrc/autograd/python_cpp_function.cpp",\n', core)
+        self.assertEqual(bzl.count("python_autograd_mode_state"), 1)
+        stubs = read("torch/_C/__init__.pyi.in")
+        for name in ("_get_autograd_mode_state", "_swap_autograd_mode_state", "_AutogradModeState"):
+            self.assertIn(name, stubs)
+        rules = read("torch/_dynamo/trace_rules.py")
+        for name in export_pr.BINDING_NAMES:
+            self.assertIn(f'"{name}"', rules)
+        self.assertIn(":doc:`grad_mode_suspend`", read("docs/source/notes/autograd.rst"))
+
+    def test_commit_message_is_the_description(self):
+        patch, _ = self.export_ok()
+        with open(export_pr.DESCRIPTION) as f:
+            description = f.read()
+        subject = description.splitlines()[0]
+        self.assertIn(f"Subject: [PATCH] {subject}\n", patch)
+        # Markdown headings survive (git's default cleanup would drop them as comments).
+        for heading in ("## Summary", "## Motivation", "## BC-breaking note", "## Test plan", "## Proposed stack"):
+            self.assertIn(f"\n{heading}\n", patch)
+        self.assertNotIn("RESULTS_TABLE", patch)
+
+    def test_reproducible(self):
+        first, _ = self.export_ok()
+        second, _ = self.export_ok()
+        self.assertEqual(first, second)
+
+    def test_already_patched_tree_is_refused(self):
+        self.export_ok()
+        git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
+        os.remove(self.out)
+        err = self.export_fails()
+        self.assertIn("already contains", err)
+
+
+class TestExportRefusals(ExportTestCase):
+    def test_missing_wiring_target(self):
+        files = dict(STAND_INS)
+        del files["torch/csrc/Module.cpp"]
+        make_tree(self.tree, files)
+        err = self.export_fails()
+        self.assertIn("torch/csrc/Module.cpp", err)
+        self.assertIn("--skip-missing", err)
+        patch, stderr = self.export_ok("--skip-missing")
+        self.assertNotIn("torch/csrc/Module.cpp", patched_paths(patch))
+        self.assertIn("torch/csrc/Module.cpp not in --upstream", stderr)
+        git(self.tree, "apply", "--check", self.out)
+
+    def test_missing_anchor(self):
+        files = dict(STAND_INS)
+        files["torch/csrc/Module.cpp"] = files["torch/csrc/Module.cpp"].replace("init_legacy_variable", "init_other")
+        make_tree(self.tree, files)
+        err = self.export_fails()
+        self.assertIn("torch/csrc/Module.cpp: no line matching", err)
+        self.assertIn("init_legacy_variable", err)
+
+    def test_other_version(self):
+        make_tree(self.tree, dict(STAND_INS, **{"version.txt": "2.12.0\n"}))
+        err = self.export_fails()
+        self.assertIn("PyTorch 2.12.0", err)
+        self.assertIn("v2.13", err)
+
+    def test_not_a_tree(self):
+        os.makedirs(self.tree)
+        self.assertIn("not a PyTorch tree", self.export_fails())
+        self.tree = os.path.join(self.tmp, "nowhere")
+        self.assertIn("no such directory", self.export_fails())
+
+
+class TestExportAgainstTheWheel(ExportTestCase):
+    def test_wheel_files(self):
+        """The anchors are found in the wheel's own copies of the files it ships."""
+        proc = subprocess.run(
+            [sys.executable, "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
+            env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True, check=True,
+        )
+        wheel = proc.stdout.strip()
+        files = dict(STAND_INS)
+        for path in ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py", "torch/_dynamo/trace_rules.py",
+                     "torch/version.py"):
+            with open(os.path.join(wheel, os.path.relpath(path, "torch"))) as f:
+                files[path] = f.read()
+        del files["version.txt"]
+        make_tree(self.tree, files)
+        self.export_ok()
+        git(self.tree, "apply", "--check", self.out)
+        git(self.tree, "apply", self.out)
+        for path in ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"):
+            with open(os.path.join(ROOT, path)) as ours, open(os.path.join(self.tree, path)) as theirs:
+                self.assertEqual(theirs.read(), ours.read(), path)
+        with open(os.path.join(self.tree, "torch/_dynamo/trace_rules.py")) as f:
+            compile(f.read(), "trace_rules.py", "exec")
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Write this project's pull request against a PyTorch v2.13.0 tree, as one patch.
+
+Usage::
+
+    python tools/export_pr.py --upstream DIR --out FILE [--skip-missing]
+
+DIR is a PyTorch v2.13.0 source tree: a whole checkout, or a folder holding at
+least the files the patch touches (``CONTRIBUTING.md`` says how to make one
+from the torch 2.13.0 wheel and the upstream files the search index holds).
+FILE gets one commit in ``git format-patch`` form, ready for ``git am`` or
+``git apply`` at the root of DIR.  The commit carries:
+
+* the files listed in ``tools/upstream_bound.txt``, as they are in this
+  checkout (the two modules replace DIR's; the rest are new files);
+* small wiring edits to upstream files, computed against DIR when this runs
+  (so that no upstream text is ever kept in this repository): the binding
+  registered in ``torch._C`` and in the build, its type stubs, its Dynamo trace
+  rules, the new tests imported by ``test/test_autograd.py``, and a link to the
+  notes page.
+
+The commit message is ``tools/pr_description.md``: the pull request's
+description.  A wiring target DIR lacks is an error, unless ``--skip-missing``
+exports without that edit (and says so); an anchor DIR's copy lacks is always
+an error, naming the file and the line it looked for.
+"""
+
+import argparse
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFEST = os.path.join(ROOT, "tools", "upstream_bound.txt")
+DESCRIPTION = os.path.join(ROOT, "tools", "pr_description.md")
+STUBS = os.path.join(ROOT, "lint", "upstream", "autograd_mode_state.pyi")
+TORCH_VERSION = "2.13"
+
+BINDING_HEADER = "torch/csrc/autograd/python_autograd_mode_state.h"
+BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
+BINDING_INIT = "torch::autograd::init_autograd_mode_state(module);"
+NOTES_PAGE = "grad_mode_suspend"
+# Every torch._C name the binding adds; Dynamo's trace rules must know each.
+BINDING_NAMES = (
+    "torch._C._get_autograd_mode_state",
+    "torch._C._swap_autograd_mode_state",
+)
+
+
+class ExportError(Exception):
+    """A problem with DIR or with this checkout that stops the export."""
+
+
+def manifest():
+    """Return the upstream-bound paths, in the order ``upstream_bound.txt`` lists them."""
+    with open(MANIFEST) as f:
+        lines = (line.strip() for line in f)
+        return [line for line in lines if line and not line.startswith("#")]
+
+
+def _insert_sorted(text, path, pattern, new_line, what):
+    """Insert ``new_line`` among the consecutive lines ``pattern`` matches, in sorted order."""
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if re.match(pattern, line)]
+    if not hits:
+        raise ExportError(f"{path}: no line matching {pattern!r} to put {what} among")
+    # The first run of matching lines only: a later list may match the pattern too.
+    run = [hits[0]]
+    for i in hits[1:]:
+        if i != run[-1] + 1:
+            break
+        run.append(i)
+    at = next((i for i in run if lines[i].strip() > new_line.strip()), run[-1] + 1)
+    lines.insert(at, new_line)
+    return "".join(lines)
+
+
+def _already(text, path, needle):
+    if needle in text:
+        raise ExportError(f"{path} already contains {needle!r}: DIR carries (part of) this patch already")
+
+
+# -- Wiring edits: each takes DIR's text of one upstream file, returns the new text.
+
+
+def _test_classes(path):
+    """Return the names of the TestCase classes a new test module defines."""
+    with open(os.path.join(ROOT, path)) as f:
+        tree = ast.parse(f.read(), path)
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name.startswith("Test")
+    ]
+
+
+def wire_test_imports(text, path):
+    """Import the new test modules' classes beside ``autograd/test_complex.py``'s."""
+    for test in (p for p in manifest() if p.startswith("test/autograd/")):
+        module = os.path.splitext(os.path.relpath(test, "test"))[0].replace(os.sep, ".")
+        _already(text, path, f"from {module} import")
+        names = _test_classes(test)
+        if not names:
+            raise ExportError(f"{test}: defines no Test* class to import")
+        line = f"from {module} import {', '.join(names)}  # noqa: F401\n"
+        if len(line) > 89:
+            body = "".join(f"    {name},\n" for name in names)
+            line = f"from {module} import (  # noqa: F401\n{body})\n"
+        text = _insert_sorted(text, path, r"from autograd\.\w+ import ", line, f"the import of {module}")
+    return text
+
+
+def wire_module_init(text, path):
+    """Register the binding in ``torch._C``: include its header, call its init beside the legacy variable's."""
+    _already(text, path, BINDING_HEADER)
+    text = _insert_sorted(
+        text, path, r"#include <torch/csrc/autograd/", f"#include <{BINDING_HEADER}>\n", "the binding's #include"
+    )
+    anchor = re.compile(r"^(\s*)torch::autograd::init_legacy_variable\(module\);\n", re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's init after")
+    return text[: m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end() :]
+
+
+def wire_build_list(text, path):
+    """Add the binding's source to ``libtorch_python_core_sources``."""
+    _already(text, path, BINDING_SOURCE)
+    start = text.find("libtorch_python_core_sources = [")
+    if start < 0:
+        raise ExportError(f"{path}: no 'libtorch_python_core_sources = [' list to add {BINDING_SOURCE} to")
+    head, tail = text[:start], text[start:]
+    tail = _insert_sorted(
+        tail, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{BINDING_SOURCE}",\n', "the binding's source"
+    )
+    return head + tail
+
+
+def wire_stubs(text, path):
+    """Declare the binding's type and functions beside ``_set_grad_enabled``'s stub."""
+    with open(STUBS) as f:
+        stubs = f.read()
+    body = "".join(line for line in stubs.splitlines(keepends=True) if not line.startswith("#")).strip("\n")
+    _already(text, path, "_swap_autograd_mode_state")
+    anchor = re.compile(r"^def _set_grad_enabled\(.*\n", re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs after")
+    return text[: m.end()] + body + "\n" + text[m.end() :]
+
+
+def wire_trace_rules(text, path):
+    """Tell Dynamo the binding's functions are ordinary C functions it skips."""
+    for name in BINDING_NAMES:
+        _already(text, path, f'"{name}"')
+    anchor = re.compile(r'^(\s*)"torch\._C\._get_cpp_backtrace",\n', re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's names after")
+    new = "".join(f'{m.group(1)}"{name}",\n' for name in BINDING_NAMES)
+    return text[: m.end()] + new + text[m.end() :]
+
+
+def wire_notes_link(text, path):
+    """Point the autograd notes' section on grad modes at the new page."""
+    _already(text, path, f":doc:`{NOTES_PAGE}`")
+    anchor = re.compile(r"^\.\. _locally-disable-grad-doc:\n", re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no '.. _locally-disable-grad-doc:' label to link the notes page from")
+    # The section's title and its underline follow the label.
+    title = re.compile(r"\n[^\n]+\n-{3,}\n").search(text, m.end() - 1)
+    if not title:
+        raise ExportError(f"{path}: no section title after '.. _locally-disable-grad-doc:'")
+    note = (
+        "\n"
+        f"How the grad-mode decorators treat generators, coroutines and async\n"
+        f"generators is described in :doc:`{NOTES_PAGE}`.\n"
+    )
+    return text[: title.end()] + note + text[title.end() :]
+
+
+WIRING = {
+    "test/test_autograd.py": wire_test_imports,
+    "torch/csrc/Module.cpp": wire_module_init,
+    "build_variables.bzl": wire_build_list,
+    "torch/_C/__init__.pyi.in": wire_stubs,
+    "torch/_dynamo/trace_rules.py": wire_trace_rules,
+    "docs/source/notes/autograd.rst": wire_notes_link,
+}
+
+
+def _git(cwd, *args, env=None):
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise ExportError(f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def check_tree(upstream):
+    """Refuse a DIR that is not a PyTorch tree, or one of another version."""
+    if not os.path.isdir(upstream):
+        raise ExportError(f"--upstream {upstream}: no such directory")
+    if not os.path.isfile(os.path.join(upstream, "torch", "utils", "_contextlib.py")):
+        raise ExportError(f"--upstream {upstream}: not a PyTorch tree (no torch/utils/_contextlib.py)")
+    for name, pattern in (("version.txt", r"(\S+)"), ("torch/version.py", r"__version__\s*=\s*['\"]([^'\"]+)")):
+        where = os.path.join(upstream, name)
+        if os.path.isfile(where):
+            with open(where) as f:
+                m = re.search(pattern, f.read())
+            if m and not re.match(re.escape(TORCH_VERSION) + r"(\.|$)", m.group(1)):
+                raise ExportError(f"--upstream {upstream}: PyTorch {m.group(1)} ({name}); this patch is for v{TORCH_VERSION}")
+
+
+def export(upstream, out, skip_missing=False):
+    """Write the patch; return the wiring targets skipped for want of a file in DIR."""
+    upstream = os.path.abspath(upstream)
+    check_tree(upstream)
+    files = manifest()
+    for path in files:
+        if not os.path.isfile(os.path.join(ROOT, path)):
+            raise ExportError(f"{path} is listed in tools/upstream_bound.txt but this checkout has no such file")
+    missing = [p for p in WIRING if not os.path.isfile(os.path.join(upstream, p))]
+    if missing and not skip_missing:
+        raise ExportError(
+            f"--upstream {upstream} lacks {', '.join(missing)}, which the patch edits "
+            "(use a fuller tree, or --skip-missing to export without those edits)"
+        )
+    with tempfile.TemporaryDirectory() as work:
+        # The base commit holds DIR's copy of every file the patch touches.
+        base = [p for p in [*files, *WIRING] if os.path.isfile(os.path.join(upstream, p))]
+        for path in base:
+            os.makedirs(os.path.dirname(os.path.join(work, path)), exist_ok=True)
+            shutil.copyfile(os.path.join(upstream, path), os.path.join(work, path))
+        env = dict(os.environ, **_identity())
+        _git(work, "init", "-q")
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "--allow-empty", "-m", "base", env=env)
+        for path in files:
+            os.makedirs(os.path.dirname(os.path.join(work, path)), exist_ok=True)
+            shutil.copyfile(os.path.join(ROOT, path), os.path.join(work, path))
+        for path, wire in WIRING.items():
+            if path in missing:
+                continue
+            with open(os.path.join(work, path)) as f:
+                text = f.read()
+            with open(os.path.join(work, path), "w") as f:
+                f.write(wire(text, path))
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "--cleanup=verbatim", "-F", DESCRIPTION, env=env)
+        patch = _git(work, "format-patch", "-1", "--stdout", "--no-signature", "HEAD", env=env)
+    with open(out, "w") as f:
+        f.write(patch)
+    return missing
+
+
+def _identity():
+    """Author and dates of the commit: this checkout's HEAD, so that an export is reproducible."""
+    fmt = {"GIT_AUTHOR_NAME": "%an", "GIT_AUTHOR_EMAIL": "%ae", "GIT_AUTHOR_DATE": "%aI"}
+    env = {}
+    for var, spec in fmt.items():
+        proc = subprocess.run(["git", "log", "-1", f"--format={spec}"], cwd=ROOT, capture_output=True, text=True)
+        env[var] = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else ""
+    env["GIT_AUTHOR_NAME"] = env["GIT_AUTHOR_NAME"] or "torch-gradmode"
+    env["GIT_AUTHOR_EMAIL"] = env["GIT_AUTHOR_EMAIL"] or "torch-gradmode@localhost"
+    env["GIT_AUTHOR_DATE"] = env["GIT_AUTHOR_DATE"] or "2026-12-01T00:00:00+00:00"
+    env["GIT_COMMITTER_NAME"] = env["GIT_AUTHOR_NAME"]
+    env["GIT_COMMITTER_EMAIL"] = env["GIT_AUTHOR_EMAIL"]
+    env["GIT_COMMITTER_DATE"] = env["GIT_AUTHOR_DATE"]
+    return env
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True, metavar="DIR", help="a PyTorch v2.13.0 tree")
+    parser.add_argument("--out", required=True, metavar="FILE", help="where to write the patch")
+    parser.add_argument(
+        "--skip-missing", action="store_true", help="export without the wiring edits of files DIR lacks"
+    )
+    args = parser.parse_args(argv)
+    try:
+        skipped = export(args.upstream, args.out, args.skip_missing)
+    except ExportError as e:
+        print(f"export_pr: error: {e}", file=sys.stderr)
+        return 2
+    for path in skipped:
+        print(f"export_pr: {path} not in --upstream: exported without its wiring edit", file=sys.stderr)
+    print(f"export_pr: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
