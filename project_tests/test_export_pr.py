@@ -56,26 +56,30 @@ STAND_INS = {
         "]\n"
     ),
     "torch/_C/__init__.pyi.in": (
-        "def is_grad_enabled() -> _bool: ...\n"
+        "default_generator: Generator\n\n"
+        "# Defined in torch/csrc/autograd/init.cpp\n"
         "def _set_grad_enabled(enabled: _bool) -> None: ...\n"
+        "def is_grad_enabled() -> _bool: ...\n"
         "def is_inference_mode_enabled() -> _bool: ...\n"
     ),
     "torch/_dynamo/trace_rules.py": (
         "torch_c_binding_in_graph_functions = dict.fromkeys(\n"
         "    [\n"
+        '        "math.acos",\n'
+        '        "torch._C._get_autograd_fallback_mode",\n'
         '        "torch._C._get_cpp_backtrace",\n'
         '        "torch._C._set_grad_enabled",\n'
+        '        "torch._C._te.abs",\n'
         "    ],\n"
         "    TorchInGraphFunctionVariable,\n"
         ")\n"
     ),
-    "docs/source/notes/autograd.rst": (
-        "Autograd mechanics\n==================\n\n"
-        ".. _locally-disable-grad-doc:\n\n"
-        "Locally disabling gradient computation\n"
-        "--------------------------------------\n\n"
-        "There are several mechanisms available from Python to locally disable\n"
-        "gradient computation.\n"
+    "docs/source/notes/autograd.md": (
+        "# Autograd mechanics\n\n"
+        "### Grad Modes\n\n"
+        "There are three grad modes, all of which can be toggled with context\n"
+        "managers and decorators.\n\n"
+        "```{list-table}\n```\n"
     ),
 }
 
@@ -185,7 +189,17 @@ class TestExport(ExportTestCase):
         rules = read("torch/_dynamo/trace_rules.py")
         for name in export_pr.BINDING_NAMES:
             self.assertIn(f'"{name}"', rules)
-        self.assertIn(":doc:`grad_mode_suspend`", read("docs/source/notes/autograd.rst"))
+        notes = read("docs/source/notes/autograd.md")
+        self.assertIn("managers and decorators.\n\nHow the grad-mode decorators", notes)
+        self.assertIn("{doc}`grad_mode_suspend`.\n\n```{list-table}", notes)
+        self.assertIn('        "torch._C._get_autograd_fallback_mode",\n'
+                      '        "torch._C._get_autograd_mode_state",\n'
+                      '        "torch._C._get_cpp_backtrace",\n', rules)
+        self.assertIn('        "torch._C._set_grad_enabled",\n'
+                      '        "torch._C._swap_autograd_mode_state",\n'
+                      '        "torch._C._te.abs",\n', rules)
+        self.assertIn("# Defined in torch/csrc/autograd/python_autograd_mode_state.cpp\n", stubs)
+        self.assertLess(stubs.index("_swap_autograd_mode_state"), stubs.index("def _set_grad_enabled"))
 
     def test_commit_message_is_the_description(self):
         patch, _ = self.export_ok()

@@ -141,47 +141,47 @@ def wire_build_list(text, path):
 
 
 def wire_stubs(text, path):
-    """Declare the binding's type and functions beside ``_set_grad_enabled``'s stub."""
+    """Declare the binding's type and functions in a section before ``_set_grad_enabled``'s."""
     with open(STUBS) as f:
-        stubs = f.read()
-    body = "".join(line for line in stubs.splitlines(keepends=True) if not line.startswith("#")).strip("\n")
+        block = f.read().strip("\n") + "\n\n"
     _already(text, path, "_swap_autograd_mode_state")
-    anchor = re.compile(r"^def _set_grad_enabled\(.*\n", re.M)
+    anchor = re.compile(r"^# Defined in torch/csrc/autograd/init\.cpp\ndef _set_grad_enabled\(", re.M)
     m = anchor.search(text)
     if not m:
-        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs after")
-    return text[: m.end()] + body + "\n" + text[m.end() :]
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs before")
+    return text[: m.start()] + block + text[m.start() :]
 
 
 def wire_trace_rules(text, path):
-    """Tell Dynamo the binding's functions are ordinary C functions it skips."""
+    """List the binding's functions with the other torch._C ones Dynamo knows, in order.
+
+    Dynamo warns about any builtin it has no rule for; in this list it calls
+    them and graph-breaks, as it does for ``torch._C._set_grad_enabled``'s
+    neighbours that return or take non-tensors.
+    """
+    start = text.find("torch_c_binding_in_graph_functions = dict.fromkeys(")
+    if start < 0:
+        raise ExportError(f"{path}: no 'torch_c_binding_in_graph_functions = dict.fromkeys(' to list the binding in")
+    head, tail = text[:start], text[start:]
     for name in BINDING_NAMES:
         _already(text, path, f'"{name}"')
-    anchor = re.compile(r'^(\s*)"torch\._C\._get_cpp_backtrace",\n', re.M)
-    m = anchor.search(text)
-    if not m:
-        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's names after")
-    new = "".join(f'{m.group(1)}"{name}",\n' for name in BINDING_NAMES)
-    return text[: m.end()] + new + text[m.end() :]
+        tail = _insert_sorted(tail, path, r'\s+"torch\._C\._', f'        "{name}",\n', f"the trace rule of {name}")
+    return head + tail
 
 
 def wire_notes_link(text, path):
-    """Point the autograd notes' section on grad modes at the new page."""
-    _already(text, path, f":doc:`{NOTES_PAGE}`")
-    anchor = re.compile(r"^\.\. _locally-disable-grad-doc:\n", re.M)
+    """Point the autograd notes' "Grad Modes" section at the new page."""
+    _already(text, path, f"{{doc}}`{NOTES_PAGE}`")
+    anchor = re.compile(r"^### Grad Modes\n\n(?:.+\n)+", re.M)
     m = anchor.search(text)
     if not m:
-        raise ExportError(f"{path}: no '.. _locally-disable-grad-doc:' label to link the notes page from")
-    # The section's title and its underline follow the label.
-    title = re.compile(r"\n[^\n]+\n-{3,}\n").search(text, m.end() - 1)
-    if not title:
-        raise ExportError(f"{path}: no section title after '.. _locally-disable-grad-doc:'")
+        raise ExportError(f"{path}: no '### Grad Modes' heading and paragraph to link the notes page after")
     note = (
         "\n"
-        f"How the grad-mode decorators treat generators, coroutines and async\n"
-        f"generators is described in :doc:`{NOTES_PAGE}`.\n"
+        "How the grad-mode decorators treat generators, coroutines and async\n"
+        f"generators is described in {{doc}}`{NOTES_PAGE}`.\n"
     )
-    return text[: title.end()] + note + text[title.end() :]
+    return text[: m.end()] + note + text[m.end() :]
 
 
 WIRING = {
@@ -190,7 +190,7 @@ WIRING = {
     "build_variables.bzl": wire_build_list,
     "torch/_C/__init__.pyi.in": wire_stubs,
     "torch/_dynamo/trace_rules.py": wire_trace_rules,
-    "docs/source/notes/autograd.rst": wire_notes_link,
+    "docs/source/notes/autograd.md": wire_notes_link,
 }
 
 
