@@ -6,5 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
-"$PY" -m sphinx -W --keep-going -b html docs/source docs/build/html
-"$PY" -m sphinx -b doctest docs/source docs/build/doctest
+"$PY" -m sphinx -W --keep-going -b html docs/project docs/build/html
+"$PY" -m sphinx -b doctest docs/project docs/build/doctest
