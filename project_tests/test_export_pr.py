@@ -6,6 +6,7 @@ installed wheel's own copies of the files it ships (the two modules and
 Dynamo's trace rules), so that the anchors are checked against real text too.
 """
 
+import ast
 import os
 import re
 import subprocess
@@ -154,7 +155,16 @@ class TestExport(ExportTestCase):
         replaced = {"torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"}
         for line in stat.splitlines():
             added, removed, path = line.split("\t")
-            if path in export_pr.WIRING:
+            if path == "test/test_autograd.py":
+                # One import statement per new test module, however many classes it names.
+                self.assertEqual(removed, "0", path)
+                added_lines = re.findall(r"^\+(?!\+\+)(.*)$", patch.split(f"b/{path}\n", 1)[1].split("diff --git")[0], re.M)
+                statements = ast.parse("\n".join(added_lines)).body
+                self.assertEqual(len(statements), 2)
+                for statement in statements:
+                    self.assertIsInstance(statement, ast.ImportFrom)
+                    self.assertTrue(statement.module.startswith("autograd.test_grad_mode_"), statement.module)
+            elif path in export_pr.WIRING:
                 self.assertEqual(removed, "0", path)
                 self.assertLessEqual(int(added), 8, path)
             elif path not in replaced:

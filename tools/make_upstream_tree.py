@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Assemble a PyTorch v2.13.0 tree for tools/export_pr.py from what this machine can read.
+
+Usage::
+
+    python tools/make_upstream_tree.py --out DIR [--tests TESTS] [--sources SOURCES]
+
+DIR becomes a git repository holding, at their upstream paths:
+
+* from the installed torch 2.13.0 wheel (found with the overlay off): every
+  file of the wheel the patch touches -- the two modules, Dynamo's trace rules,
+  ``torch/version.py`` -- and ``torch/_C/__init__.pyi`` as
+  ``torch/_C/__init__.pyi.in`` (the wheel's stub is generated from that file,
+  whose text it carries verbatim around the lines the patch edits);
+* from TESTS, a folder laid out as ``../shared/upstream-tests.md`` says
+  (``test_autograd.py``, ``autograd/``, ``expect/``, ``dynamo/``): ``test/...``;
+* from SOURCES, a folder of upstream files at their upstream paths (for
+  example ``torch/csrc/Module.cpp``, ``build_variables.bzl``,
+  ``docs/source/notes/autograd.md``, read from the search index): copied as
+  they are.
+
+A real PyTorch v2.13.0 checkout needs none of this.  Nothing here is ever
+copied into this repository.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+WHEEL_FILES = {
+    "torch/utils/_contextlib.py": "utils/_contextlib.py",
+    "torch/autograd/grad_mode.py": "autograd/grad_mode.py",
+    "torch/_dynamo/trace_rules.py": "_dynamo/trace_rules.py",
+    "torch/version.py": "version.py",
+    "torch/_C/__init__.pyi.in": "_C/__init__.pyi",
+}
+
+
+def wheel_dir(python):
+    """The installed torch package's directory, with this checkout's overlay switched off."""
+    proc = subprocess.run(
+        [python, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
+        env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True,
+    )
+    if proc.returncode:
+        raise SystemExit(f"make_upstream_tree: error: {python} cannot import torch:\n{proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, metavar="DIR")
+    parser.add_argument("--tests", metavar="TESTS", help="upstream test files, laid out as test/ is")
+    parser.add_argument("--sources", metavar="SOURCES", help="other upstream files, at their upstream paths")
+    parser.add_argument("--python", default=sys.executable, help="the Python whose torch wheel to read")
+    args = parser.parse_args(argv)
+    if os.path.exists(args.out):
+        parser.error(f"--out {args.out} exists; give a new directory")
+    for name in ("tests", "sources"):
+        where = getattr(args, name)
+        if where and not os.path.isdir(where):
+            parser.error(f"--{name} {where}: no such directory")
+
+    wheel = wheel_dir(args.python)
+    for path, rel in WHEEL_FILES.items():
+        dst = os.path.join(args.out, path)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(os.path.join(wheel, rel), dst)
+    ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "parts", "*.md")
+    if args.tests:
+        shutil.copytree(args.tests, os.path.join(args.out, "test"), ignore=ignore, dirs_exist_ok=True)
+    if args.sources:
+        for dirpath, _, filenames in os.walk(args.sources):
+            for filename in filenames:
+                src = os.path.join(dirpath, filename)
+                rel = os.path.relpath(src, args.sources)
+                if rel.startswith(("parts", "_from_wheel", "dynamo_experiments")) or rel == "REPORT.md":
+                    continue
+                dst = os.path.join(args.out, rel)
+                if os.path.exists(dst):
+                    continue  # the wheel's copy is the v2.13.0 one
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(src, dst)
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=upstream", "-c", "user.email=upstream@localhost",
+                                                "commit", "-qm", "PyTorch v2.13.0 (assembled)"]):
+        subprocess.run(["git", *cmd], cwd=args.out, check=True)
+    print(f"make_upstream_tree: {args.out} holds torch 2.13.0 from {wheel}"
+          + (f", tests from {args.tests}" if args.tests else "")
+          + (f", sources from {args.sources}" if args.sources else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
