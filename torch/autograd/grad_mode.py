@@ -1,5 +1,6 @@
 # mypy: allow-untyped-defs
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
@@ -309,7 +310,9 @@ class inference_mode(_DecoratorContextManager):
             return super().__new__(cls)
         if callable(mode) or isinstance(mode, (staticmethod, classmethod)):
             # ``@torch.inference_mode`` without parentheses passes the function.
-            return cls()(mode)
+            # __call__ takes staticmethod and classmethod objects too (see
+            # context_decorator), though its type admits callables only.
+            return cls()(cast(Callable[..., Any], mode))
         raise TypeError(
             "torch.inference_mode(): mode must be bool (or, used as @torch.inference_mode "
             f"without parentheses, the function to decorate), not {torch.typename(mode)}"
@@ -502,5 +505,8 @@ class _unsafe_preserve_version_counter(_DecoratorContextManager):
     def __enter__(self) -> None:
         pass
 
+    # The same suppression as upstream's own copy of this method: *args takes
+    # what the base class's three parameters do.
+    # pyrefly: ignore [bad-override]
     def __exit__(self, *args) -> None:
         torch._C._autograd._unsafe_set_version_counter(self.tensors, self.prev_versions)

@@ -53,6 +53,7 @@ from typing_extensions import Self
 
 import torch._C as _C
 from torch._C import (
+    _AutogradModeState,
     _get_autograd_mode_state,
     _set_grad_enabled,
     _swap_autograd_mode_state,
@@ -88,7 +89,7 @@ class _BodyMode:
         self._ctx_factory = ctx_factory
         # True for coroutines and async generators: see _without_dynamo.
         self.eager = eager
-        self.state = None
+        self.state: _AutogradModeState | None = None
 
     def begin(self):
         """Give the body its starting state, unless it has one: the caller's, with the context applied."""
@@ -123,7 +124,11 @@ class _BodyMode:
             return _get_autograd_mode_state()
 
     def _step(self, method, arg):
-        caller = _swap_autograd_mode_state(self.state)
+        state = self.state
+        if state is None:
+            # begin() failed: only abandon() gets here then, and drops this.
+            raise RuntimeError("the body has no autograd mode state: it never started")
+        caller = _swap_autograd_mode_state(state)
         try:
             return method(arg)
         finally:
@@ -214,7 +219,8 @@ else:  # pragma: no cover - a build without Dynamo
     def _get_eval_frame_callback():
         return None
 
-    _set_eval_frame = _get_eval_frame_callback
+    def _set_eval_frame(callback):
+        return None
 
 
 def _without_dynamo(func, *args, **kwargs):
@@ -541,31 +547,39 @@ def _wrap_function(ctx_factory, func, effect=None):
     call; under Dynamo the ``with`` form is kept, as Dynamo models it.
     """
     if effect is None:
-
-        @functools.wraps(func)
-        def decorate_context(*args, **kwargs):
-            with ctx_factory():
-                return func(*args, **kwargs)
-
-        return decorate_context
-
+        return _wrap_function_in_context(ctx_factory, func)
     kind, mode = effect
     if kind == "grad":
+        return _wrap_function_in_grad_mode(ctx_factory, func, mode)
+    return _wrap_function_in_inference_mode(ctx_factory, func, mode)
 
-        @functools.wraps(func)
-        def decorate_context(*args, **kwargs):
-            if _is_dynamo_compiling():
-                with ctx_factory():
-                    return func(*args, **kwargs)
-            prev = is_grad_enabled()
-            _set_grad_enabled(mode)
-            try:
+
+def _wrap_function_in_context(ctx_factory, func):
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        with ctx_factory():
+            return func(*args, **kwargs)
+
+    return decorate_context
+
+
+def _wrap_function_in_grad_mode(ctx_factory, func, mode):
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        if _is_dynamo_compiling():
+            with ctx_factory():
                 return func(*args, **kwargs)
-            finally:
-                _set_grad_enabled(prev)
+        prev = is_grad_enabled()
+        _set_grad_enabled(mode)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _set_grad_enabled(prev)
 
-        return decorate_context
+    return decorate_context
 
+
+def _wrap_function_in_inference_mode(ctx_factory, func, mode):
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
         if _is_dynamo_compiling():
@@ -709,7 +723,7 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
     # a ``__new__`` of its own after this class gets that one.  Others
     # inherit this entry: TorchScript refuses to compile a class (no_grad)
     # that holds a builtin such as object.__new__ in its own namespace.
-    __new_instance = object.__new__
+    __new_instance: Callable[..., Any] = object.__new__
 
     # Whether the ``super().__init__()`` of the class's own ``__init__`` (say
     # no_grad's) reaches an ``__init__`` other than object's, such as a
@@ -719,10 +733,12 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        new = super(_NoParamDecoratorContextManager, cls).__new__
+        new = super().__new__
         if new is not cls.__new_instance:
             cls.__new_instance = new
-        owner = next(klass for klass in cls.__mro__ if "__init__" in vars(klass))
-        cooperative = owner is not object and super(owner, cls).__init__ is not object.__init__
+        # The classes that define an ``__init__``, in MRO order: the first one's
+        # runs, and its ``super().__init__()`` reaches the second one's.
+        defining = [klass for klass in cls.__mro__ if "__init__" in vars(klass)]
+        cooperative = len(defining) > 1 and vars(defining[1])["__init__"] is not object.__init__
         if cooperative is not cls._cooperative_init:
             cls._cooperative_init = cooperative
