@@ -1,5 +1,6 @@
 # Owner(s): ["module: autograd"]
-"""What a decorated generator, coroutine or async generator owns of the thread state, and what not.
+"""What a decorated generator, coroutine or async generator owns of the thread
+state, and what not.
 
 The grad-mode decorators own the autograd mode state (``c10::AutogradState``
 and the dispatch key bits inference mode toggles).  For it, the body starts
@@ -9,9 +10,8 @@ modes, dispatch key guards -- a decorated body changes exactly as the same
 body undecorated would.
 """
 
+import concurrent.futures
 import contextlib
-import os
-import sys
 import types
 from unittest import mock
 
@@ -23,16 +23,70 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grad_mode_programs import (  # noqa: E402
-    autograd_state,
-    context_of,
-    DECORATORS,
-    on_own_thread,
-)
+
+__all__ = [
+    "TestGradModeCompatibility",
+    "TestGradModeKeyGuards",
+    "TestGradModeOtherContexts",
+    "TestGradModeOwnedState",
+    "TestGradModeStateCollection",
+    "TestGradModeUnownedState",
+]
+
+
+def autograd_state():
+    """The whole autograd mode state a body or a caller can observe.
+
+    Every ``AutogradState`` flag the Python API exposes, and the thread's
+    local dispatch key sets: the bits inference mode toggles and, so that a
+    change to any other bit shows too, all the rest.
+    """
+    C = torch._C
+    return (
+        C.is_grad_enabled(),
+        C.is_inference_mode_enabled(),
+        C._is_fwd_grad_enabled(),
+        C._is_multithreading_enabled(),
+        C._is_view_replay_enabled(),
+        C._is_grad_layout_enforcement_enabled(),
+        C._get_graph_exec_group(),
+        repr(C._dispatch_tls_local_include_set()),
+        repr(C._dispatch_tls_local_exclude_set()),
+    )
+
+
+def _decorators():
+    """Every grad-mode decorator in every spelling: (name, factory of what goes
+    after the ``@``)."""
+    for cls in (torch.no_grad, torch.enable_grad, torch.inference_mode):
+        yield cls.__name__, lambda cls=cls: cls()
+        yield f"{cls.__name__}_bare", lambda cls=cls: cls
+    for cls, mode in (
+        (torch.set_grad_enabled, False),
+        (torch.set_grad_enabled, True),
+        (torch.inference_mode, False),
+    ):
+        yield f"{cls.__name__}_{mode}", lambda cls=cls, mode=mode: cls(mode)
+
+
+DECORATORS = dict(_decorators())
+
+
+def context_of(make):
+    """The context manager a decorator factory stands for (a bare spelling gives
+    a class)."""
+    ctx = make()
+    return ctx() if isinstance(ctx, type) else ctx
+
+
+def on_own_thread(fn):
+    """``fn()`` on a new thread, which starts in the default autograd state."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn).result()
+
 
 KINDS = ("generator", "coroutine", "async_generator")
-DECORATOR_NAMES = [name for name, _ in DECORATORS]
+DECORATOR_NAMES = list(DECORATORS)
 STEPS = 3
 
 # The dispatch keys inference mode toggles (owned by the decorators).
@@ -40,7 +94,7 @@ _OWNED_KEY_NAMES = ("ADInplaceOrView", "Autograd")
 
 
 def _decorator(name):
-    return dict(DECORATORS)[name]
+    return DECORATORS[name]
 
 
 @types.coroutine
@@ -102,7 +156,8 @@ def _steps(kind, body):
 
 
 def _drive(kind, body, between, around=lambda step: contextlib.nullcontext()):
-    """Run *body* to the end, each step inside ``around(n)``, calling *between()* at each suspension."""
+    """Run *body* to the end, each step inside ``around(n)``, calling *between()*
+    at each suspension."""
     steps = _steps(kind, body)
     for n in range(STEPS + 1):
         with around(n):
@@ -117,7 +172,8 @@ def unowned_state():
     C = torch._C
 
     def keys(keyset):
-        names = repr(keyset)[len("DispatchKeySet("):-1].split(", ")
+        inner = repr(keyset).removeprefix("DispatchKeySet(").removesuffix(")")
+        names = inner.split(", ")
         return tuple(n for n in names if n and not n.startswith(_OWNED_KEY_NAMES))
 
     return (
@@ -131,7 +187,8 @@ def unowned_state():
 
 
 def _run(kind, decorator, scenario):
-    """What the body and its caller see of *scenario*, on a fresh thread; undecorated if *decorator* is None."""
+    """What the body and its caller see of *scenario*, on a fresh thread;
+    undecorated if *decorator* is None."""
 
     def run():
         enter, observe = scenario()
@@ -192,9 +249,13 @@ SCENARIOS = {
 # Caller settings the body must start from: owned state no decorator sets.
 CALLER_SETTINGS = {
     "multithreading_off": lambda: torch.autograd.set_multithreading_enabled(False),
-    "view_replay_on": lambda: torch.autograd.grad_mode._force_original_view_tracking(True),
+    "view_replay_on": lambda: torch.autograd.grad_mode._force_original_view_tracking(
+        True
+    ),
     "forward_ad_off": lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False),
-    "grad_layout_relaxed": lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(False),
+    "grad_layout_relaxed": lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(
+        False
+    ),
 }
 
 
@@ -211,7 +272,8 @@ class TestGradModeUnownedState(TestCase):
 
 
 class TestGradModeOwnedState(TestCase):
-    """The body starts from the caller's whole autograd mode state, with the decorator applied."""
+    """The body starts from the caller's whole autograd mode state, with the
+    decorator applied."""
 
     @parametrize("setting", list(CALLER_SETTINGS))
     @parametrize("decorator", DECORATOR_NAMES)
@@ -229,7 +291,9 @@ class TestGradModeOwnedState(TestCase):
         def actual():
             seen, between = [], []
             with enter_setting():
-                body = _decorator(decorator)()(_body(kind, contextlib.nullcontext, autograd_state, seen))
+                body = _decorator(decorator)()(
+                    _body(kind, contextlib.nullcontext, autograd_state, seen)
+                )
                 _drive(kind, body, lambda: between.append(autograd_state()))
             return seen, between
 
@@ -245,20 +309,30 @@ class TestGradModeKeyGuards(TestCase):
     # inference_mode(False) is left out: within such a guard, ``with
     # torch.inference_mode(False):`` lifts the exclusion and the decorator does
     # not (the key bits switch only with inference mode; see the notes' Limits).
-    @parametrize("decorator", [name for name in DECORATOR_NAMES if name != "inference_mode(False)"])
+    @parametrize(
+        "decorator",
+        [name for name in DECORATOR_NAMES if name != "inference_mode_False"],
+    )
     @parametrize("kind", KINDS)
     def test_first_step_below_autograd(self, kind, decorator):
         # torch excludes the autograd keys around every __torch_dispatch__
         # (at::AutoDispatchBelowAutograd): a body first stepped from there
         # must not keep them excluded once it is stepped from plain code.
         def observe():
-            return autograd_state(), (torch.ones(1, requires_grad=True) * 2).requires_grad
+            return autograd_state(), (
+                torch.ones(1, requires_grad=True) * 2
+            ).requires_grad
 
         def first_below_autograd(n):
-            return torch._C._AutoDispatchBelowAutograd() if n == 0 else contextlib.nullcontext()
+            return (
+                torch._C._AutoDispatchBelowAutograd()
+                if n == 0
+                else contextlib.nullcontext()
+            )
 
         def reference():
-            # The undecorated body (it opens nothing itself), each step inside the decorator.
+            # The undecorated body (it opens nothing itself), each step inside
+            # the decorator.
             seen, between = [], []
 
             def around(n):
@@ -267,12 +341,19 @@ class TestGradModeKeyGuards(TestCase):
                 stack.enter_context(context_of(_decorator(decorator)))
                 return stack
 
-            _drive(kind, _body(kind, contextlib.nullcontext, observe, seen), lambda: between.append(observe()), around)
+            _drive(
+                kind,
+                _body(kind, contextlib.nullcontext, observe, seen),
+                lambda: between.append(observe()),
+                around,
+            )
             return seen, between
 
         def decorated():
             seen, between = [], []
-            body = _decorator(decorator)()(_body(kind, contextlib.nullcontext, observe, seen))
+            body = _decorator(decorator)()(
+                _body(kind, contextlib.nullcontext, observe, seen)
+            )
             _drive(kind, body, lambda: between.append(observe()), first_below_autograd)
             return seen, between
 
@@ -280,7 +361,8 @@ class TestGradModeKeyGuards(TestCase):
 
 
 class TestGradModeOtherContexts(TestCase):
-    """A context without a known effect is re-entered at every step, but the body keeps its own mode."""
+    """A context without a known effect is re-entered at every step, but the body
+    keeps its own mode."""
 
     @parametrize("kind", KINDS)
     def test_body_keeps_its_own_block_under_a_subclass(self, kind):
@@ -289,7 +371,9 @@ class TestGradModeOtherContexts(TestCase):
 
         def run():
             seen, between = [], []
-            body = Subclass()(_body(kind, torch.enable_grad, torch.is_grad_enabled, seen))
+            body = Subclass()(
+                _body(kind, torch.enable_grad, torch.is_grad_enabled, seen)
+            )
             with torch.no_grad():
                 _drive(kind, body, lambda: between.append(torch.is_grad_enabled()))
             return seen, between
@@ -327,7 +411,9 @@ class _Mixin:
 
 
 class TestGradModeCompatibility(TestCase):
-    @parametrize("cls", [torch.no_grad, torch.inference_mode], name_fn=lambda cls: cls.__name__)
+    @parametrize(
+        "cls", [torch.no_grad, torch.inference_mode], name_fn=lambda cls: cls.__name__
+    )
     def test_mixin_init_runs(self, cls):
         mixed = type("Mixed", (cls, _Mixin), {})
         ctx = mixed()

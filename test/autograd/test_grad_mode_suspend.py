@@ -1,0 +1,3609 @@
+# Owner(s): ["module: autograd"]
+"""Grad-mode decorators on functions that suspend.
+
+``@torch.no_grad()``, ``@torch.enable_grad()``, ``@torch.set_grad_enabled(mode)``
+and ``@torch.inference_mode(mode)`` on a generator, an ``async def`` coroutine or
+an async generator: every step of the body runs in the decorator's mode and keeps
+the mode blocks the body opens itself across its own suspensions; after every step
+the caller is in exactly its own mode again, whatever the step did; everything else
+about the function is as undecorated (see docs/source/notes/grad_mode_suspend.rst).
+
+The test classes (``__all__``, imported by test/test_autograd.py):
+
+* generators: ``TestGradModeGenerators`` (the basic cases, for every decorator),
+  ``TestGradModeBodyContinuity`` (the body keeps its own mode across ``yield``),
+  ``TestGradModeCallerIsolation`` (the caller's mode is the same after every
+  step), ``TestGradModeGeneratorProtocol`` (everything else is unchanged);
+* coroutines and async generators: ``TestGradModeAsyncCoroutines``,
+  ``TestGradModeAsyncGenerators``, ``TestGradModeAsyncTaskIsolation`` (the other
+  tasks of the event loop keep their own modes), ``TestGradModeAsyncCancellation``,
+  ``TestGradModeAsyncProtocol``;
+* reliability: ``TestGradModeFaults`` (critical exceptions, ``GeneratorExit``
+  ignored, PEP 479, re-entrant stepping, context managers that raise),
+  ``TestGradModeThreads``, ``TestGradModeGarbageCollection``,
+  ``TestGradModeBadInput``, ``TestGradModeDriverDetails``,
+  ``TestGradModeOtherContextManagers`` (the other switches of
+  ``torch.autograd.grad_mode``).
+"""
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import gc
+import inspect
+import random
+import threading
+import traceback
+import tracemalloc
+import types
+import unittest
+import warnings
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TEST_NUMPY,
+    TestCase,
+)
+from torch.utils._contextlib import _DecoratorContextManager, context_decorator
+
+
+__all__ = [
+    "TestGradModeGenerators",
+    "TestGradModeBodyContinuity",
+    "TestGradModeCallerIsolation",
+    "TestGradModeGeneratorProtocol",
+    "TestGradModeAsyncCoroutines",
+    "TestGradModeAsyncGenerators",
+    "TestGradModeAsyncTaskIsolation",
+    "TestGradModeAsyncCancellation",
+    "TestGradModeAsyncProtocol",
+    "TestGradModeFaults",
+    "TestGradModeThreads",
+    "TestGradModeGarbageCollection",
+    "TestGradModeBadInput",
+    "TestGradModeDriverDetails",
+    "TestGradModeOtherContextManagers",
+]
+
+
+class Boom(Exception):
+    """The exception bodies raise, catch, and have thrown at them."""
+
+
+class CMError(Exception):
+    """The exception a faulty context manager raises."""
+
+
+def mode_state():
+    """Grad mode and inference mode: what the hand-written checks spell out."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+PLAIN = (True, False)  # a fresh thread's
+NO_GRAD = (False, False)
+INFERENCE = (False, True)
+INFERENCE_GRAD = (True, True)
+
+# The whole autograd mode state a task can observe: the AutogradState flags
+# and the thread's local dispatch key sets (inference mode toggles some bits).
+_AUTOGRAD_STATE_QUERIES = (
+    torch.is_grad_enabled,
+    torch.is_inference_mode_enabled,
+    torch._C._is_fwd_grad_enabled,
+    torch._C._is_multithreading_enabled,
+    torch._C._is_view_replay_enabled,
+    torch._C._is_grad_layout_enforcement_enabled,
+    torch._C._get_graph_exec_group,
+    torch._C._dispatch_tls_local_include_set,
+    torch._C._dispatch_tls_local_exclude_set,
+)
+
+
+def autograd_state():
+    return tuple(repr(query()) for query in _AUTOGRAD_STATE_QUERIES)
+
+
+# Every grad-mode decorator in every spelling; a factory returns what goes
+# after the ``@``.
+DECORATORS = {
+    "no_grad": lambda: torch.no_grad(),
+    "no_grad_bare": lambda: torch.no_grad,
+    "enable_grad": lambda: torch.enable_grad(),
+    "enable_grad_bare": lambda: torch.enable_grad,
+    "set_grad_enabled_False": lambda: torch.set_grad_enabled(False),
+    "set_grad_enabled_True": lambda: torch.set_grad_enabled(True),
+    "inference_mode": lambda: torch.inference_mode(),
+    "inference_mode_bare": lambda: torch.inference_mode,
+    "inference_mode_False": lambda: torch.inference_mode(False),
+}
+
+# Mode blocks a body opens, including autograd state that the decorators own
+# without setting it.
+BLOCKS = {
+    "no_grad": torch.no_grad,
+    "enable_grad": torch.enable_grad,
+    "set_grad_enabled_True": lambda: torch.set_grad_enabled(True),
+    "set_grad_enabled_False": lambda: torch.set_grad_enabled(False),
+    "inference_mode": torch.inference_mode,
+    "inference_mode_False": lambda: torch.inference_mode(False),
+    "multithreading_off": lambda: torch.autograd.set_multithreading_enabled(False),
+    "view_replay_on": lambda: torch.autograd.grad_mode._force_original_view_tracking(
+        True
+    ),
+    "fwd_grad_off": lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False),
+}
+
+# Modes a caller may be in: the context managers to enter, in order.
+CALLER_SETUPS = {
+    "plain": [],
+    "no_grad": [torch.no_grad],
+    "inference_mode": [torch.inference_mode],
+    "inference_mode_enable_grad": [torch.inference_mode, torch.enable_grad],
+    "no_grad_inference_mode_False": [
+        torch.no_grad,
+        lambda: torch.inference_mode(False),
+    ],
+    "multithreading_off": [lambda: torch.autograd.set_multithreading_enabled(False)],
+    "view_replay_no_grad": [
+        lambda: torch.autograd.grad_mode._force_original_view_tracking(True),
+        torch.no_grad,
+    ],
+    "fwd_grad_off": [lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False)],
+    "layout_relaxed_inference_mode": [
+        lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(False),
+        torch.inference_mode,
+    ],
+}
+
+# The first four caller setups, with their modes spelt out.
+CALLER_MODES = {
+    "plain": PLAIN,
+    "no_grad": NO_GRAD,
+    "inference_mode": INFERENCE,
+    "inference_mode_enable_grad": INFERENCE_GRAD,
+}
+
+
+def context_of(make):
+    """The context manager a decorator factory stands for (a bare spelling gives
+    a class)."""
+    ctx = make()
+    return ctx() if isinstance(ctx, type) else ctx
+
+
+@contextlib.contextmanager
+def enter_all(factories):
+    with contextlib.ExitStack() as stack:
+        for factory in factories:
+            stack.enter_context(factory())
+        yield
+
+
+def on_own_thread(fn, *args):
+    """``fn(*args)`` on a new thread, which starts in the default autograd state."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def state_inside(make, *blocks, caller=()):
+    """The mode a body sees inside decorator *make* (and *blocks*) when its caller
+    is in *caller*, from a fresh thread's state."""
+
+    def probe():
+        with enter_all(caller), context_of(make), enter_all(blocks):
+            return mode_state()
+
+    return on_own_thread(probe)
+
+
+@types.coroutine
+def suspend(value=None):
+    """Suspend a coroutine once, handing *value* to whoever drives it."""
+    return (yield value)
+
+
+def drive(awaitable, sends=()):
+    """Drive *awaitable* by hand (no event loop); return its result."""
+    it = awaitable.__await__()
+    try:
+        it.send(None)
+        for v in sends:
+            it.send(v)
+        while True:
+            it.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+# Guards that took a leaked inference mode off this thread (see tearDown); kept
+# alive because destroying one would restore the state it replaced.
+_RESCUE_GUARDS = []
+
+
+class GradModeTestCase(TestCase):
+    def tearDown(self):
+        # A leaked mode would make every later test fail for the wrong reason:
+        # put the thread back in the plain state, then report the leak.
+        leaked = mode_state()
+        if leaked[1]:
+            _RESCUE_GUARDS.append(torch._C._InferenceMode(False))
+        torch._C._set_grad_enabled(True)
+        super().tearDown()
+        self.assertEqual(leaked, PLAIN, "the test left the thread in another grad mode")
+
+
+# ---------------------------------------------------------------------------
+# Generators
+# ---------------------------------------------------------------------------
+
+
+class TestGradModeGenerators(GradModeTestCase):
+    """The cases of PR #49017, for every grad-mode decorator."""
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_generator_functions(self, decorator):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+
+        @make()
+        def gen(n):
+            for i in range(n):
+                yield i, mode_state()
+
+        for caller_grad in (True, False):
+            with torch.set_grad_enabled(caller_grad):
+                for i, (value, seen) in enumerate(gen(3)):
+                    self.assertEqual(value, i)
+                    self.assertEqual(seen, expected)
+                    self.assertEqual(torch.is_grad_enabled(), caller_grad)
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_generator_based_coroutines_with_send(self, decorator):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+
+        @make()
+        def coro():
+            total = 0
+            while True:
+                x = yield total, mode_state()
+                if x is None:
+                    return total
+                total += x
+
+        c = coro()
+        self.assertEqual(next(c), (0, expected))
+        for x in (1, 2, 3):
+            with torch.set_grad_enabled(x % 2 == 0):
+                before = mode_state()
+                total, seen = c.send(x)
+                self.assertEqual(mode_state(), before)
+            self.assertEqual(seen, expected)
+        with self.assertRaises(StopIteration) as cm:
+            c.send(None)
+        self.assertEqual(cm.exception.value, 6)
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_benign_exceptions(self, decorator):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+
+        @make()
+        def gen():
+            seen = []
+            while True:
+                try:
+                    yield seen
+                except Boom:
+                    seen.append(mode_state())
+
+        g = gen()
+        seen = next(g)
+        for _ in range(3):
+            self.assertIs(g.throw(Boom()), seen)
+            self.assertEqual(torch.is_grad_enabled(), True)
+        self.assertEqual(seen, [expected] * 3)
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize(
+        "exc_type", [KeyboardInterrupt, SystemExit], name_fn=lambda exc: exc.__name__
+    )
+    def test_critical_exceptions(self, decorator, exc_type):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+        seen = []
+
+        @make()
+        def gen():
+            try:
+                yield 1
+            except exc_type:
+                seen.append(mode_state())
+                raise
+
+        g = gen()
+        next(g)
+        with self.assertRaises(exc_type):
+            g.throw(exc_type())
+        self.assertEqual(seen, [expected])
+        self.assertEqual(mode_state(), PLAIN)
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_exit_and_close(self, decorator):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+        seen = []
+
+        @make()
+        def gen():
+            try:
+                yield 1
+            except GeneratorExit:
+                seen.append(("exit", mode_state()))
+                raise
+            finally:
+                seen.append(("finally", mode_state()))
+
+        g = gen()
+        next(g)
+        with torch.no_grad():
+            g.close()
+            self.assertFalse(torch.is_grad_enabled())
+        self.assertEqual(seen, [("exit", expected), ("finally", expected)])
+
+
+class TestGradModeBodyContinuity(GradModeTestCase):
+    """A mode the body sets itself stays in force for it across its own ``yield``s."""
+
+    def test_issue_example(self):
+        @torch.no_grad()
+        def gen():
+            with torch.enable_grad():
+                yield torch.is_grad_enabled()
+                yield torch.is_grad_enabled()
+            yield torch.is_grad_enabled()
+
+        self.assertEqual(list(gen()), [True, True, False])
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    def test_each_decorator_around_each_block(self, decorator, block):
+        make, bmake = DECORATORS[decorator], BLOCKS[block]
+        outside = state_inside(make)
+        inside = state_inside(make, bmake)
+
+        @make()
+        def gen():
+            with bmake():
+                yield mode_state()
+                yield mode_state()
+                yield mode_state()
+            yield mode_state()
+
+        out = []
+        for seen in gen():
+            out.append(seen)
+            self.assertEqual(mode_state(), PLAIN)
+        self.assertEqual(out, [inside, inside, inside, outside])
+
+    def test_set_grad_enabled_as_a_call_persists(self):
+        @torch.no_grad()
+        def gen():
+            torch.set_grad_enabled(True)
+            yield torch.is_grad_enabled()
+            yield torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
+            yield torch.is_grad_enabled()
+
+        with torch.no_grad():
+            self.assertEqual(list(gen()), [True, True, False])
+            self.assertFalse(torch.is_grad_enabled())
+
+    def test_graph_built_across_yields(self):
+        # The practical point: a body that trains inside enable_grad across
+        # yields records a usable graph on every step.
+        w = torch.ones(2, requires_grad=True)
+
+        @torch.no_grad()
+        def gen():
+            with torch.enable_grad():
+                y = w * 2
+                yield
+                z = (y * 3).sum()
+                yield
+            z.backward()
+            yield z.requires_grad
+
+        self.assertEqual(list(gen())[-1], True)
+        self.assertEqual(w.grad.tolist(), [6.0, 6.0])
+
+
+class TestGradModeCallerIsolation(GradModeTestCase):
+    """After every step the caller's mode is exactly what it was before it."""
+
+    def test_open_inference_block_does_not_leak(self):
+        @torch.no_grad()
+        def gen():
+            with torch.inference_mode():
+                yield torch.is_inference_mode_enabled()
+                yield torch.is_inference_mode_enabled()
+            yield torch.is_inference_mode_enabled()
+
+        g = gen()
+        results = []
+        for _ in range(3):
+            results.append(next(g))
+            self.assertEqual(mode_state(), PLAIN)
+            # Tensors made by the caller between steps are ordinary tensors.
+            self.assertFalse(torch.ones(1).is_inference())
+            x = torch.ones(1, requires_grad=True)
+            (x * 2).sum().backward()
+            self.assertEqual(x.grad.item(), 2.0)
+        self.assertEqual(results, [True, True, False])
+
+    @parametrize("caller", list(CALLER_SETUPS))
+    def test_open_block_dropped_while_suspended(self, caller):
+        @torch.no_grad()
+        def gen():
+            with torch.inference_mode():
+                yield 1
+
+        with enter_all(CALLER_SETUPS[caller]):
+            before = mode_state()
+            g = gen()
+            next(g)
+            self.assertEqual(mode_state(), before)
+            del g
+            gc.collect()
+            self.assertEqual(mode_state(), before)
+
+    def test_caller_changes_between_steps_do_not_reach_body(self):
+        @torch.enable_grad()
+        def gen():
+            while True:
+                yield mode_state()
+
+        g = gen()
+        for setup in CALLER_SETUPS.values():
+            with enter_all(setup):
+                before = mode_state()
+                self.assertEqual(next(g), PLAIN)
+                self.assertEqual(mode_state(), before)
+
+    @parametrize("caller", list(CALLER_SETUPS))
+    def test_restored_when_step_raises_or_returns(self, caller):
+        @torch.inference_mode()
+        def gen():
+            torch.set_grad_enabled(True)
+            yield 1
+            raise Boom
+
+        with enter_all(CALLER_SETUPS[caller]):
+            before = mode_state()
+            g = gen()
+            next(g)
+            self.assertEqual(mode_state(), before)
+            with self.assertRaises(Boom):
+                next(g)
+            self.assertEqual(mode_state(), before)
+
+
+class TestGradModeGeneratorProtocol(GradModeTestCase):
+    """Everything but the mode is as for the undecorated generator."""
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_kind_and_metadata(self, decorator):
+        def gen(a, b=2):
+            """Doc."""
+            yield a + b
+
+        wrapped = DECORATORS[decorator]()(gen)
+        self.assertTrue(inspect.isgeneratorfunction(wrapped))
+        self.assertIs(wrapped.__wrapped__, gen)
+        self.assertEqual(wrapped.__name__, "gen")
+        self.assertEqual(wrapped.__doc__, "Doc.")
+        self.assertEqual(inspect.signature(wrapped), inspect.signature(gen))
+        self.assertEqual(list(wrapped(1)), [3])
+
+    def test_return_value(self):
+        @torch.no_grad()
+        def gen():
+            yield 1
+            return "done"
+
+        def outer():
+            return (yield from gen())
+
+        self.assertEqual(list(outer()), [1])
+        g = outer()
+        next(g)
+        with self.assertRaises(StopIteration) as cm:
+            next(g)
+        self.assertEqual(cm.exception.value, "done")
+
+    def test_pep479(self):
+        @torch.no_grad()
+        def gen():
+            yield 1
+            raise StopIteration("inner")
+
+        g = gen()
+        next(g)
+        with self.assertRaisesRegex(RuntimeError, "generator raised StopIteration"):
+            next(g)
+
+    def test_throw_uses_one_argument_form(self):
+        # A generator-like object whose throw() accepts only the exception:
+        # the three-argument form (deprecated in Python 3.12) must never be used.
+        class OneArgThrow:
+            def __init__(self):
+                self.thrown = []
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return self.send(None)
+
+            def send(self, value):
+                return "sent"
+
+            def throw(self, exc):
+                self.thrown.append(exc)
+                if isinstance(exc, GeneratorExit):
+                    raise exc
+                return "caught"
+
+            def close(self):
+                pass
+
+        inner = OneArgThrow()
+        g = torch.utils._contextlib._wrap_generator(torch.no_grad, lambda: inner)()
+        self.assertEqual(next(g), "sent")
+        err = Boom()
+        self.assertEqual(g.throw(err), "caught")
+        self.assertEqual(inner.thrown, [err])
+        g.close()
+        self.assertIsInstance(inner.thrown[-1], GeneratorExit)
+
+    def test_traceback_shows_body_frame(self):
+        @torch.no_grad()
+        def body_with_a_distinctive_name():
+            yield 1
+            raise Boom("from the body")
+
+        g = body_with_a_distinctive_name()
+        next(g)
+        try:
+            next(g)
+        except Boom as e:
+            names = [f.name for f in traceback.extract_tb(e.__traceback__)]
+        self.assertIn("body_with_a_distinctive_name", names)
+
+    def test_thrown_exception_gets_no_foreign_context(self):
+        def gen():
+            try:
+                yield 1
+            except Boom:
+                pass
+            raise ValueError("after")
+
+        for wrapped in (gen, torch.no_grad()(gen)):
+            g = wrapped()
+            next(g)
+            with self.assertRaises(ValueError) as cm:
+                g.throw(Boom())
+            self.assertIsNone(cm.exception.__context__, wrapped)
+
+    def test_generator_exit_ignored(self):
+        @torch.no_grad()
+        def gen():
+            try:
+                yield 1
+            except GeneratorExit:
+                yield 2
+
+        g = gen()
+        next(g)
+        with self.assertRaisesRegex(RuntimeError, "ignored GeneratorExit"):
+            g.close()
+        self.assertEqual(mode_state(), PLAIN)
+        # As undecorated, the body stays suspended and can still be resumed.
+        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_SUSPENDED)
+        with self.assertRaises(StopIteration):
+            next(g)
+
+    def test_nested_decorators(self):
+        @torch.no_grad()
+        @torch.enable_grad()
+        def gen():
+            yield mode_state()
+            with torch.inference_mode():
+                yield mode_state()
+
+        with torch.no_grad():
+            self.assertEqual(list(gen()), [PLAIN, INFERENCE])
+            self.assertEqual(mode_state(), NO_GRAD)
+
+    def test_recursion_and_interleaving(self):
+        @torch.no_grad()
+        def walk(depth):
+            yield depth, torch.is_grad_enabled()
+            if depth:
+                with torch.enable_grad():
+                    yield from walk(depth - 1)
+
+        self.assertEqual(list(walk(2)), [(2, False), (1, False), (0, False)])
+
+        @torch.no_grad()
+        def counter(tag):
+            for i in range(3):
+                with torch.enable_grad():
+                    yield tag, i, torch.is_grad_enabled()
+                yield tag, i, torch.is_grad_enabled()
+
+        a, b = counter("a"), counter("b")
+        got = [x for pair in zip(a, b) for x in pair]
+        self.assertEqual([g for *_, g in got], [True, True, False, False] * 3)
+
+    def test_stepping_re_entrantly_is_refused(self):
+        holder = []
+
+        @torch.no_grad()
+        def gen():
+            yield next(holder[0])
+
+        g = gen()
+        holder.append(g)
+        with self.assertRaisesRegex(ValueError, "already executing"):
+            next(g)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_methods_static_and_class(self):
+        class Model:
+            @torch.no_grad()
+            def gen(self):
+                yield torch.is_grad_enabled()
+
+            @torch.no_grad()
+            @staticmethod
+            def static_gen():
+                yield torch.is_grad_enabled()
+
+            @torch.no_grad()
+            @classmethod
+            def class_gen(cls):
+                yield cls, torch.is_grad_enabled()
+
+        self.assertEqual(list(Model().gen()), [False])
+        self.assertEqual(list(Model.static_gen()), [False])
+        self.assertEqual(list(Model().static_gen()), [False])
+        self.assertEqual(list(Model.class_gen()), [(Model, False)])
+        self.assertTrue(inspect.isgeneratorfunction(Model.static_gen))
+
+    def test_other_decorator_context_managers_reenter_each_step(self):
+        # A subclass outside torch: a fresh clone is entered around every step,
+        # and the grad mode stays isolated from the caller.
+        log = []
+
+        class Tracing(_DecoratorContextManager):
+            def __enter__(self):
+                log.append("enter")
+
+            def __exit__(self, *exc):
+                log.append("exit")
+
+        @Tracing()
+        def gen():
+            with torch.no_grad():
+                yield torch.is_grad_enabled()
+                yield torch.is_grad_enabled()
+
+        self.assertEqual(list(gen()), [False, False])
+        self.assertEqual(log, ["enter", "exit"] * 3)
+        self.assertTrue(torch.is_grad_enabled())
+
+    def test_forward_ad_dual_level_generator(self):
+        @fwAD.dual_level()
+        def gen():
+            x = fwAD.make_dual(torch.ones(2), torch.full((2,), 2.0))
+            yield fwAD.unpack_dual(x * 3).tangent.tolist()
+
+        self.assertEqual(list(gen()), [[6.0, 6.0]])
+
+
+# ---------------------------------------------------------------------------
+# Coroutines and async generators
+#
+# A decorated coroutine or async generator's body sees at every point the mode
+# it would see if it ran uninterrupted inside ``with <decorator>:`` on a thread
+# of its own that starts in the caller's mode at the body's first entry, and
+# every other task on the event loop sees, after each of its own awaits, only
+# the mode it set itself.
+#
+# Only one *undecorated* task may change the mode and keep it across an await:
+# grad mode is thread state, so two undecorated tasks that both do would see
+# each other's modes whatever the decorators do.  The noise tasks that stand for
+# "other tasks" are therefore decorated coroutines that change their own mode in
+# their bodies, and the one undecorated task of each test is its driver.
+# ---------------------------------------------------------------------------
+
+
+class NoiseTasks:
+    """Decorated tasks that each keep changing their own mode and check it after
+    every await.
+
+    Each is a coroutine decorated with one of ``DECORATORS`` whose body enters
+    random mode blocks and calls ``torch.set_grad_enabled`` between
+    ``await asyncio.sleep(0)``; after every await it must see the whole autograd
+    state it had before it.  Must be created inside a running event loop.
+    """
+
+    def __init__(self, count, seed):
+        self.violations = []
+        self.awaits = 0
+        self._stopped = False
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._make(seed, k)()) for k in range(count)]
+
+    def _make(self, seed, k):
+        name, make = list(DECORATORS.items())[(seed + k) % len(DECORATORS)]
+        blocks = list(BLOCKS.values())
+
+        @make()
+        async def noise():
+            rng = random.Random(seed * 1009 + k)
+            while not self._stopped:
+                with blocks[rng.randrange(len(blocks))]():
+                    for _ in range(rng.randint(1, 3)):
+                        await self._checked_sleep(name)
+                if rng.random() < 0.5:
+                    torch.set_grad_enabled(rng.random() < 0.5)
+                await self._checked_sleep(name)
+
+        return noise
+
+    async def _checked_sleep(self, name):
+        want = autograd_state()
+        await asyncio.sleep(0)
+        self.awaits += 1
+        got = autograd_state()
+        if got != want:
+            self.violations.append((name, want, got))
+
+    async def stop(self):
+        self._stopped = True
+        await asyncio.gather(*self._tasks)
+
+
+class TestGradModeAsyncCoroutines(GradModeTestCase):
+    """The body of a decorated ``async def`` runs under the decorator at every step."""
+
+    def test_issue_example(self):
+        @torch.no_grad()
+        async def f():
+            await asyncio.sleep(0)
+            return torch.is_grad_enabled()
+
+        self.assertTrue(inspect.iscoroutinefunction(f))
+        self.assertIs(asyncio.run(f()), False)
+        self.assertTrue(torch.is_grad_enabled())
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_every_decorator(self, decorator):
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+
+        @make()
+        async def f():
+            await asyncio.sleep(0)
+            return mode_state()
+
+        self.assertTrue(inspect.iscoroutinefunction(f))
+        self.assertEqual(asyncio.run(f()), expected)
+        self.assertEqual(mode_state(), PLAIN)
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("caller", list(CALLER_SETUPS))
+    def test_every_decorator_from_every_caller_mode(self, decorator, caller):
+        make, setup = DECORATORS[decorator], CALLER_SETUPS[caller]
+        expected = state_inside(make, caller=setup)
+
+        @make()
+        async def f(n):
+            seen = [mode_state()]
+            for i in range(n):
+                # Both a bare yield to the loop and a real future.
+                await asyncio.sleep(0 if i % 2 else 0.0001)
+                seen.append(mode_state())
+            return seen
+
+        async def main():
+            before = mode_state()
+            seen = await f(4)
+            self.assertEqual(mode_state(), before)
+            return seen
+
+        with enter_all(setup):
+            before = mode_state()
+            self.assertEqual(asyncio.run(main()), [expected] * 5)
+            self.assertEqual(mode_state(), before)
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    def test_own_block_spans_awaits(self, decorator, block):
+        make, bmake = DECORATORS[decorator], BLOCKS[block]
+        outside = state_inside(make)
+        inside = state_inside(make, bmake)
+
+        @make()
+        async def f():
+            seen = []
+            with bmake():
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                    seen.append(mode_state())
+            await asyncio.sleep(0)
+            seen.append(mode_state())
+            return seen
+
+        self.assertEqual(asyncio.run(f()), [inside] * 3 + [outside])
+
+    def test_set_grad_enabled_as_a_call_persists_across_awaits(self):
+        @torch.no_grad()
+        async def f():
+            seen = [torch.is_grad_enabled()]
+            torch.set_grad_enabled(True)
+            await asyncio.sleep(0)
+            seen.append(torch.is_grad_enabled())
+            await asyncio.sleep(0)
+            seen.append(torch.is_grad_enabled())
+            torch.set_grad_enabled(False)
+            await asyncio.sleep(0)
+            seen.append(torch.is_grad_enabled())
+            return seen
+
+        async def main():
+            seen = await f()
+            self.assertTrue(torch.is_grad_enabled())
+            return seen
+
+        self.assertEqual(asyncio.run(main()), [False, True, True, False])
+
+    def test_graph_built_across_awaits(self):
+        w = torch.ones(2, requires_grad=True)
+
+        @torch.no_grad()
+        async def step():
+            frozen = w * 2
+            with torch.enable_grad():
+                y = w * 2
+                await asyncio.sleep(0)
+                z = (y * 3).sum()
+                await asyncio.sleep(0)
+            z.backward()
+            return frozen.requires_grad, z.requires_grad
+
+        self.assertEqual(asyncio.run(step()), (False, True))
+        self.assertEqual(w.grad.tolist(), [6.0, 6.0])
+
+    def test_awaiting_decorated_from_decorated(self):
+        @torch.enable_grad()
+        async def inner():
+            first = mode_state()
+            await asyncio.sleep(0)
+            with torch.no_grad():
+                await asyncio.sleep(0)
+                return first, mode_state()
+
+        @torch.no_grad()
+        async def outer():
+            first = mode_state()
+            with torch.inference_mode():
+                got = await inner()
+                after = mode_state()
+            await asyncio.sleep(0)
+            return first, got, after, mode_state()
+
+        self.assertEqual(
+            asyncio.run(outer()),
+            (NO_GRAD, (INFERENCE_GRAD, INFERENCE), INFERENCE, NO_GRAD),
+        )
+
+
+class TestGradModeAsyncGenerators(GradModeTestCase):
+    """Every step of a decorated async generator runs under the decorator."""
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_every_step_under_every_decorator(self, decorator):
+        make = DECORATORS[decorator]
+        # The first step is taken from inside inference_mode+enable_grad.
+        callers = list(CALLER_SETUPS.values())
+        callers = callers[3:] + callers[:3]
+        expected = state_inside(make, caller=callers[0])
+
+        @make()
+        async def agen():
+            got = None
+            for _ in range(len(callers)):
+                resumed = mode_state()
+                await asyncio.sleep(0)
+                got = yield got, resumed, mode_state()
+
+        async def main():
+            self.assertTrue(inspect.isasyncgenfunction(agen))
+            ag = agen()
+            out = []
+            for n, setup in enumerate(callers):
+                # The caller changes its mode between steps: none of it reaches
+                # the body.
+                with enter_all(setup):
+                    before = mode_state()
+                    step = ag.__anext__() if n == 0 else ag.asend(f"v{n}")
+                    out.append(await step)
+                    self.assertEqual(mode_state(), before)
+            with self.assertRaises(StopAsyncIteration):
+                await ag.asend("last")
+            return out
+
+        out = asyncio.run(main())
+        sent = [None] + [f"v{n}" for n in range(1, len(callers))]
+        self.assertEqual(out, [(v, expected, expected) for v in sent])
+
+    def test_async_for(self):
+        @torch.inference_mode()
+        async def agen(n):
+            for i in range(n):
+                await asyncio.sleep(0)
+                yield i, mode_state()
+
+        async def main():
+            out = []
+            async for item in agen(3):
+                out.append(item)
+                self.assertEqual(mode_state(), PLAIN)
+            return out
+
+        self.assertEqual(asyncio.run(main()), [(i, INFERENCE) for i in range(3)])
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    def test_own_block_spans_yields_and_awaits(self, decorator, block):
+        make, bmake = DECORATORS[decorator], BLOCKS[block]
+        outside = state_inside(make)
+        inside = state_inside(make, bmake)
+
+        @make()
+        async def agen():
+            with bmake():
+                yield mode_state()
+                await asyncio.sleep(0)
+                yield mode_state()
+                await asyncio.sleep(0)
+                yield mode_state()
+            await asyncio.sleep(0)
+            yield mode_state()
+
+        async def main():
+            out = []
+            async for seen in agen():
+                out.append(seen)
+                self.assertEqual(mode_state(), PLAIN)
+            return out
+
+        self.assertEqual(asyncio.run(main()), [inside] * 3 + [outside])
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_athrow_caught_under_mode(self, decorator):
+        make = DECORATORS[decorator]
+        inside = state_inside(make, torch.enable_grad, caller=[torch.no_grad])
+        seen = []
+
+        @make()
+        async def agen():
+            with torch.enable_grad():
+                while True:
+                    try:
+                        yield len(seen)
+                    except Boom as exc:
+                        seen.append((exc.args[0], mode_state()))
+                        await asyncio.sleep(0)
+                        seen.append(("after await", mode_state()))
+
+        async def main():
+            with torch.no_grad():
+                ag = agen()
+                self.assertEqual(await ag.__anext__(), 0)
+            for n, setup in enumerate(CALLER_SETUPS.values()):
+                with enter_all(setup):
+                    before = mode_state()
+                    # The one-argument form: the exception carries its own
+                    # traceback.
+                    self.assertEqual(await ag.athrow(Boom(n)), 2 * (n + 1))
+                    self.assertEqual(mode_state(), before)
+            await ag.aclose()
+
+        asyncio.run(main())
+        want = []
+        for n in range(len(CALLER_SETUPS)):
+            want += [(n, inside), ("after await", inside)]
+        self.assertEqual(seen, want)
+
+    def test_athrow_uncaught_propagates_with_body_frame(self):
+        @torch.no_grad()
+        async def body_with_a_distinctive_name():
+            try:
+                yield 1
+            finally:
+                finally_state.append(mode_state())
+
+        finally_state = []
+
+        async def main():
+            ag = body_with_a_distinctive_name()
+            await ag.__anext__()
+            err = Boom("thrown")
+            try:
+                await ag.athrow(err)
+            except Boom as exc:
+                self.assertIs(exc, err)
+                names = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            self.assertIn("body_with_a_distinctive_name", names)
+            with self.assertRaises(StopAsyncIteration):
+                await ag.__anext__()
+
+        asyncio.run(main())
+        self.assertEqual(finally_state, [NO_GRAD])
+
+    def test_athrow_uses_one_argument_form(self):
+        # An async-generator-like object whose athrow() accepts only the
+        # exception: the three-argument form must never be used.
+        async def step(tag):
+            # Like the awaitables of a real async generator: a coroutine,
+            # run by the wrapper in the body's mode.
+            await asyncio.sleep(0)
+            return tag, mode_state()
+
+        async def reraise(exc):
+            raise exc
+
+        class OneArgAthrow:
+            def __init__(self):
+                self.thrown = []
+
+            def asend(self, value):
+                return step("sent")
+
+            def athrow(self, exc):
+                self.thrown.append(exc)
+                if isinstance(exc, GeneratorExit):
+                    return reraise(exc)
+                return step("caught")
+
+        inner = OneArgAthrow()
+        wrapped = torch.utils._contextlib._wrap_async_generator(
+            torch.no_grad, lambda: inner
+        )
+
+        async def main():
+            ag = wrapped()
+            self.assertEqual(await ag.__anext__(), ("sent", NO_GRAD))
+            err = Boom()
+            self.assertEqual(await ag.athrow(err), ("caught", NO_GRAD))
+            self.assertEqual(inner.thrown, [err])
+            await ag.aclose()
+            self.assertIsInstance(inner.thrown[-1], GeneratorExit)
+
+        asyncio.run(main())
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    def test_aclose_runs_finally_under_mode(self, decorator, block):
+        make, bmake = DECORATORS[decorator], BLOCKS[block]
+        outside = state_inside(make)
+        inside = state_inside(make, bmake)
+        seen = []
+
+        @make()
+        async def agen():
+            try:
+                with bmake():
+                    try:
+                        yield 1
+                    except GeneratorExit:
+                        seen.append(("exit", mode_state()))
+                        # Async clean-up may await.
+                        await asyncio.sleep(0)
+                        seen.append(("exit after await", mode_state()))
+                        raise
+            finally:
+                seen.append(("finally", mode_state()))
+
+        async def main():
+            ag = agen()
+            self.assertEqual(await ag.__anext__(), 1)
+            with torch.inference_mode():
+                await ag.aclose()
+                self.assertEqual(mode_state(), INFERENCE)
+            with self.assertRaises(StopAsyncIteration):
+                await ag.__anext__()
+
+        asyncio.run(main())
+        self.assertEqual(
+            seen,
+            [("exit", inside), ("exit after await", inside), ("finally", outside)],
+        )
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_shutdown_closes_live_generators_in_body_mode(self, decorator):
+        # Generators still suspended when asyncio.run ends are closed by the
+        # loop's shutdown_asyncgens, all at once: each must be closed through
+        # its wrapper (in the body's mode), never directly.
+        make = DECORATORS[decorator]
+        expected = state_inside(make)
+        seen, keep = [], []
+
+        @make()
+        async def agen():
+            try:
+                yield
+            finally:
+                seen.append(mode_state())
+
+        async def main():
+            for _ in range(16):
+                ag = agen()
+                await ag.asend(None)
+                keep.append(ag)
+
+        asyncio.run(main())
+        self.assertEqual(seen, [expected] * 16)
+
+    def test_aclose_ignored_leaves_generator_resumable(self):
+        # A body that yields in response to aclose(): aclose() fails, the
+        # caller's mode is intact, and the body can be resumed, with the same
+        # outcomes as undecorated (whose open block leaks, which is the point).
+        def make_agen(decorate):
+            async def agen():
+                with torch.enable_grad():
+                    try:
+                        yield 1
+                    finally:
+                        yield 2
+
+            return torch.no_grad()(agen) if decorate else agen
+
+        async def run(agen):
+            outcomes, caller_modes = [], []
+            with torch.no_grad():
+                ag = agen()
+                await ag.asend(None)
+                try:
+                    await ag.aclose()
+                except RuntimeError as e:
+                    outcomes.append(("aclose", str(e)))
+                caller_modes.append(mode_state())
+                try:
+                    outcomes.append(("resume", await ag.asend(None)))
+                except BaseException as e:
+                    outcomes.append(("resume", type(e).__name__))
+                caller_modes.append(mode_state())
+            return outcomes, caller_modes
+
+        expected, _ = on_own_thread(lambda: asyncio.run(run(make_agen(False))))
+        outcomes, caller_modes = asyncio.run(run(make_agen(True)))
+        self.assertEqual(outcomes, expected)
+        self.assertEqual(
+            expected[0], ("aclose", "async generator ignored GeneratorExit")
+        )
+        self.assertEqual(caller_modes, [NO_GRAD, NO_GRAD])
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_loop_finalisation_runs_finally_under_mode(self, decorator):
+        # Break out of ``async for`` and let the event loop finalise the
+        # abandoned generator (its asyncgen finalizer hook schedules aclose(),
+        # run as asyncio.run shuts down).  No await in the ``finally``: the
+        # loop closes before the clean-up task's second step, decorated or not.
+        make = DECORATORS[decorator]
+        outside = state_inside(make, caller=[torch.no_grad])
+        inside = state_inside(make, torch.enable_grad, caller=[torch.no_grad])
+        seen = []
+
+        @make()
+        async def agen():
+            try:
+                with torch.enable_grad():
+                    seen.append(("body", mode_state()))
+                    yield 1
+                    yield 2
+            finally:
+                seen.append(("finally", mode_state()))
+
+        async def main():
+            with torch.no_grad():
+                async for x in agen():
+                    seen.append(("got", x, mode_state()))
+                    break
+                self.assertEqual(mode_state(), NO_GRAD)
+
+        asyncio.run(main())
+        self.assertEqual(
+            seen, [("body", inside), ("got", 1, NO_GRAD), ("finally", outside)]
+        )
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_shutdown_finalises_generator_of_cancelled_task(self, decorator):
+        # A task still iterating when asyncio.run returns is cancelled by it;
+        # the generator it held is then finalised by the shutting-down loop.
+        make = DECORATORS[decorator]
+        outside = state_inside(make, caller=[torch.no_grad])
+        seen = []
+
+        @make()
+        async def agen():
+            try:
+                yield 1
+                yield 2
+            finally:
+                seen.append(("finally", mode_state()))
+
+        async def consumer(started):
+            with torch.no_grad():
+                async for _ in agen():
+                    started.set()
+                    await asyncio.sleep(3600)
+
+        async def main():
+            started = asyncio.Event()
+            asyncio.get_running_loop().create_task(consumer(started))
+            await started.wait()
+
+        asyncio.run(main())
+        self.assertEqual(seen, [("finally", outside)])
+
+    def test_return_ends_iteration(self):
+        @torch.no_grad()
+        async def agen():
+            yield mode_state()
+            await asyncio.sleep(0)
+            return
+
+        async def main():
+            return [x async for x in agen()]
+
+        self.assertEqual(asyncio.run(main()), [NO_GRAD])
+
+
+class TestGradModeAsyncTaskIsolation(GradModeTestCase):
+    """Every task sees, after each of its own awaits, only the mode it set itself."""
+
+    def test_noise_tasks_with_coroutines_and_async_generators(self):
+        problems = []
+        decorators = list(DECORATORS.items())
+        blocks = list(BLOCKS.values())
+
+        def check(who, want):
+            got = mode_state()
+            if got != want:
+                problems.append((who, want, got))
+
+        def make_coroutine(k):
+            name, make = decorators[k % len(decorators)]
+
+            @make()
+            async def coroutine():
+                rng = random.Random(k)
+                for _ in range(20):
+                    with blocks[rng.randrange(len(blocks))]():
+                        want = mode_state()
+                        await asyncio.sleep(0)
+                        check(f"coroutine {name}", want)
+                    want = mode_state()
+                    await asyncio.sleep(0)
+                    check(f"coroutine {name}", want)
+                return k
+
+            return coroutine
+
+        def make_agen(k):
+            name, make = decorators[k % len(decorators)]
+
+            @make()
+            async def agen():
+                rng = random.Random(100 + k)
+                for i in range(10):
+                    with blocks[rng.randrange(len(blocks))]():
+                        want = mode_state()
+                        await asyncio.sleep(0)
+                        check(f"async generator {name}", want)
+                        yield i
+                        check(f"async generator {name} after yield", want)
+                    want = mode_state()
+                    await asyncio.sleep(0)
+                    check(f"async generator {name}", want)
+
+            return agen
+
+        def make_consumer(k):
+            name, make = decorators[(k + 4) % len(decorators)]
+
+            @make()
+            async def consumer():
+                out = []
+                ag = make_agen(k)()
+                while True:
+                    want = mode_state()
+                    try:
+                        out.append(await ag.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        check(f"consumer {name}", want)
+                    torch.set_grad_enabled(not torch.is_grad_enabled())
+                return out
+
+            return consumer
+
+        async def main():
+            noise = NoiseTasks(4, seed=7)
+            n = len(decorators)
+            tasks = [asyncio.create_task(make_coroutine(k)()) for k in range(n)]
+            tasks += [asyncio.create_task(make_consumer(k)()) for k in range(n)]
+            # This undecorated task keeps changing its own mode too.
+            rng = random.Random(3)
+            setups = list(CALLER_SETUPS.values())
+            awaits = 0
+            while not all(task.done() for task in tasks):
+                with enter_all(setups[rng.randrange(len(setups))]):
+                    for _ in range(rng.randint(1, 3)):
+                        want = mode_state()
+                        await asyncio.sleep(0)
+                        awaits += 1
+                        check("undecorated main task", want)
+            results = await asyncio.gather(*tasks)
+            await noise.stop()
+            self.assertGreater(awaits, 10)
+            self.assertGreater(noise.awaits, 40)
+            return results, noise.violations
+
+        results, noise_violations = asyncio.run(main())
+        n = len(decorators)
+        self.assertEqual(results, list(range(n)) + [list(range(10))] * n)
+        self.assertEqual(problems + noise_violations, [])
+
+    def test_suspended_inference_block_does_not_reach_other_tasks(self):
+        results = []
+
+        @torch.no_grad()
+        async def server(ready, release):
+            with torch.inference_mode():
+                ready.set()
+                await release.wait()
+                results.append(torch.ones(1).is_inference())
+
+        async def main():
+            ready, release = asyncio.Event(), asyncio.Event()
+            task = asyncio.create_task(server(ready, release))
+            await ready.wait()
+            # The body is suspended inside its inference-mode block: this
+            # task makes ordinary tensors and can train.
+            self.assertEqual(mode_state(), PLAIN)
+            self.assertFalse(torch.ones(1).is_inference())
+            x = torch.ones(1, requires_grad=True)
+            (x * 2).sum().backward()
+            self.assertEqual(x.grad.item(), 2.0)
+            release.set()
+            await task
+
+        asyncio.run(main())
+        self.assertEqual(results, [True])
+
+    @parametrize("caller", list(CALLER_SETUPS))
+    def test_coroutine_dropped_while_suspended(self, caller):
+        # A coroutine object closed (here: collected) while suspended inside
+        # its own inference-mode block runs its clean-up in its mode and
+        # leaves its caller's mode as it was.
+        setup = CALLER_SETUPS[caller]
+        seen = []
+
+        @torch.no_grad()
+        async def f():
+            try:
+                with torch.inference_mode():
+                    await asyncio.sleep(0)
+            finally:
+                seen.append(mode_state())
+
+        with enter_all(setup):
+            before = mode_state()
+            coro = f()
+            coro.send(None)  # runs to asyncio.sleep(0)'s bare yield
+            self.assertEqual(mode_state(), before)
+            del coro
+            gc.collect()
+            self.assertEqual(mode_state(), before)
+        self.assertEqual(seen, [state_inside(torch.no_grad, caller=setup)])
+
+
+def _suspended_in_block(make, bmake, seen):
+    """A decorated coroutine that waits forever inside its own *bmake* block,
+    recording what it sees."""
+
+    @make()
+    async def body(started):
+        try:
+            with bmake():
+                try:
+                    started.set()
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    seen.append(("except", mode_state()))
+                    await asyncio.sleep(0)  # clean-up may await
+                    seen.append(("except after await", mode_state()))
+                    raise
+                finally:
+                    seen.append(("inner finally", mode_state()))
+        finally:
+            seen.append(("finally", mode_state()))
+
+    return body
+
+
+# Callers of the cancellation tests: plain, and inference_mode+enable_grad.
+CANCELLING_CALLERS = ["plain", "inference_mode_enable_grad"]
+HAS_ASYNCIO_TIMEOUT = hasattr(asyncio, "timeout")
+
+
+class TestGradModeAsyncCancellation(GradModeTestCase):
+    """CancelledError and timeouts land where the body is suspended, in its mode."""
+
+    def check_cancellation(self, cancel, raised, decorator, block, caller):
+        """*cancel(body, started)* is a coroutine that gets the body cancelled; it
+        must raise *raised*."""
+        make, bmake = DECORATORS[decorator], BLOCKS[block]
+        setup = CALLER_SETUPS[caller]
+        inside = state_inside(make, bmake, caller=setup)
+        outside = state_inside(make, caller=setup)
+        seen = []
+        body = _suspended_in_block(make, bmake, seen)
+
+        async def main():
+            with enter_all(setup):
+                before = mode_state()
+                with self.assertRaises(raised):
+                    await cancel(body, asyncio.Event())
+                self.assertEqual(mode_state(), before)
+
+        asyncio.run(main())
+        self.assertEqual(
+            seen,
+            [
+                ("except", inside),
+                ("except after await", inside),
+                ("inner finally", inside),
+                ("finally", outside),
+            ],
+        )
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    @parametrize("caller", CANCELLING_CALLERS)
+    def test_task_cancel(self, decorator, block, caller):
+        async def cancel(body, started):
+            task = asyncio.create_task(body(started))
+            await started.wait()
+            task.cancel()
+            await task
+
+        self.check_cancellation(
+            cancel, asyncio.CancelledError, decorator, block, caller
+        )
+
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    @parametrize("caller", CANCELLING_CALLERS)
+    def test_wait_for_timeout(self, decorator, block, caller):
+        async def cancel(body, started):
+            await asyncio.wait_for(body(started), timeout=0.001)
+
+        self.check_cancellation(cancel, asyncio.TimeoutError, decorator, block, caller)
+
+    @unittest.skipIf(not HAS_ASYNCIO_TIMEOUT, "asyncio.timeout is new in Python 3.11")
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("block", list(BLOCKS))
+    @parametrize("caller", CANCELLING_CALLERS)
+    def test_asyncio_timeout(self, decorator, block, caller):
+        async def cancel(body, started):
+            async with asyncio.timeout(0.001):
+                await body(started)
+
+        self.check_cancellation(cancel, TimeoutError, decorator, block, caller)
+
+    @unittest.skipIf(not HAS_ASYNCIO_TIMEOUT, "asyncio.timeout is new in Python 3.11")
+    @parametrize("decorator", list(DECORATORS))
+    @parametrize("caller", CANCELLING_CALLERS)
+    def test_timeout_inside_the_body(self, decorator, caller):
+        make, setup = DECORATORS[decorator], CALLER_SETUPS[caller]
+        outside = state_inside(make, caller=setup)
+        inside = state_inside(make, torch.no_grad, caller=setup)
+
+        @make()
+        async def f():
+            first = mode_state()
+            with torch.no_grad():
+                try:
+                    async with asyncio.timeout(0.001):
+                        await asyncio.sleep(3600)
+                except TimeoutError:
+                    return first, mode_state()
+
+        with enter_all(setup):
+            self.assertEqual(asyncio.run(f()), (outside, inside))
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_cancel_during_async_generator_step(self, decorator):
+        make = DECORATORS[decorator]
+        inside = state_inside(make, torch.enable_grad, caller=[torch.no_grad])
+        seen = []
+
+        @make()
+        async def agen(started):
+            with torch.enable_grad():
+                yield 1
+                try:
+                    started.set()
+                    await asyncio.sleep(3600)
+                    yield 2
+                except asyncio.CancelledError:
+                    seen.append(("body", mode_state()))
+                    raise
+
+        async def consumer(started):
+            with torch.no_grad():
+                try:
+                    async for _ in agen(started):
+                        pass
+                except asyncio.CancelledError:
+                    seen.append(("consumer", mode_state()))
+                    raise
+
+        async def main():
+            started = asyncio.Event()
+            task = asyncio.create_task(consumer(started))
+            await started.wait()
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            self.assertEqual(mode_state(), PLAIN)
+
+        asyncio.run(main())
+        self.assertEqual(seen, [("body", inside), ("consumer", NO_GRAD)])
+
+
+class TestGradModeAsyncProtocol(GradModeTestCase):
+    """Everything but the mode is as for the undecorated function."""
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_coroutine_kind_and_metadata(self, decorator):
+        async def coro(a, b=2):
+            """Doc."""
+            await asyncio.sleep(0)
+            return a + b, mode_state()
+
+        make = DECORATORS[decorator]
+        wrapped = make()(coro)
+        self.assertTrue(inspect.iscoroutinefunction(wrapped))
+        self.assertFalse(inspect.isasyncgenfunction(wrapped))
+        self.assertIs(wrapped.__wrapped__, coro)
+        self.assertEqual(wrapped.__name__, "coro")
+        self.assertEqual(wrapped.__qualname__, coro.__qualname__)
+        self.assertEqual(wrapped.__doc__, "Doc.")
+        self.assertEqual(wrapped.__module__, coro.__module__)
+        self.assertEqual(inspect.signature(wrapped), inspect.signature(coro))
+        result = wrapped(1)
+        self.assertTrue(asyncio.iscoroutine(result))
+        self.assertTrue(inspect.iscoroutine(result))
+        self.assertEqual(asyncio.run(result), (3, state_inside(make)))
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_async_generator_kind_and_metadata(self, decorator):
+        async def agen(a, b=2):
+            """Doc."""
+            await asyncio.sleep(0)
+            yield a + b, mode_state()
+
+        make = DECORATORS[decorator]
+        wrapped = make()(agen)
+        self.assertTrue(inspect.isasyncgenfunction(wrapped))
+        self.assertFalse(inspect.iscoroutinefunction(wrapped))
+        self.assertIs(wrapped.__wrapped__, agen)
+        self.assertEqual(wrapped.__name__, "agen")
+        self.assertEqual(wrapped.__qualname__, agen.__qualname__)
+        self.assertEqual(wrapped.__doc__, "Doc.")
+        self.assertEqual(inspect.signature(wrapped), inspect.signature(agen))
+        result = wrapped(1)
+        self.assertTrue(inspect.isasyncgen(result))
+
+        async def main():
+            return [x async for x in result]
+
+        self.assertEqual(asyncio.run(main()), [(3, state_inside(make))])
+
+    def test_without_parentheses(self):
+        @torch.no_grad
+        async def no_grad_coro():
+            await asyncio.sleep(0)
+            return mode_state()
+
+        @torch.inference_mode
+        async def inference_coro():
+            await asyncio.sleep(0)
+            return mode_state()
+
+        @torch.enable_grad
+        async def enable_grad_coro():
+            await asyncio.sleep(0)
+            return mode_state()
+
+        @torch.no_grad
+        async def no_grad_agen():
+            await asyncio.sleep(0)
+            yield mode_state()
+
+        @torch.inference_mode
+        async def inference_agen():
+            await asyncio.sleep(0)
+            yield mode_state()
+
+        async def main():
+            with torch.no_grad():
+                got = [
+                    await no_grad_coro(),
+                    await inference_coro(),
+                    await enable_grad_coro(),
+                ]
+            got += [x async for x in no_grad_agen()]
+            got += [x async for x in inference_agen()]
+            return got
+
+        for f in (no_grad_coro, inference_coro, enable_grad_coro):
+            self.assertTrue(inspect.iscoroutinefunction(f))
+        for f in (no_grad_agen, inference_agen):
+            self.assertTrue(inspect.isasyncgenfunction(f))
+        self.assertEqual(
+            asyncio.run(main()), [NO_GRAD, INFERENCE, PLAIN, NO_GRAD, INFERENCE]
+        )
+
+    def test_return_value_and_exception(self):
+        @torch.no_grad()
+        async def body_with_a_distinctive_name(fail):
+            await asyncio.sleep(0)
+            if fail:
+                raise Boom(mode_state())
+            return {"state": mode_state()}
+
+        async def main():
+            self.assertEqual(
+                await body_with_a_distinctive_name(False), {"state": NO_GRAD}
+            )
+            try:
+                await body_with_a_distinctive_name(True)
+            except Boom as exc:
+                self.assertEqual(exc.args, (NO_GRAD,))
+                self.assertIsNone(exc.__context__)
+                names = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            self.assertIn("body_with_a_distinctive_name", names)
+            self.assertEqual(mode_state(), PLAIN)
+
+        asyncio.run(main())
+
+    def test_async_generator_exception_and_context(self):
+        @torch.no_grad()
+        async def agen_with_a_distinctive_name():
+            try:
+                yield 1
+            except Boom:
+                pass
+            await asyncio.sleep(0)
+            raise ValueError(mode_state())
+
+        async def main():
+            ag = agen_with_a_distinctive_name()
+            await ag.__anext__()
+            try:
+                await ag.athrow(Boom())
+            except ValueError as exc:
+                # No context the undecorated body would not give it.
+                self.assertIsNone(exc.__context__)
+                names = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+                state = exc.args[0]
+            self.assertIn("agen_with_a_distinctive_name", names)
+            return state
+
+        self.assertEqual(asyncio.run(main()), NO_GRAD)
+
+    def test_methods_static_and_class(self):
+        class Model:
+            @torch.no_grad()
+            async def coro(self):
+                await asyncio.sleep(0)
+                return self, torch.is_grad_enabled()
+
+            @torch.no_grad()
+            @staticmethod
+            async def static_coro():
+                await asyncio.sleep(0)
+                return torch.is_grad_enabled()
+
+            @torch.no_grad()
+            @classmethod
+            async def class_coro(cls):
+                await asyncio.sleep(0)
+                return cls, torch.is_grad_enabled()
+
+            @staticmethod
+            @torch.no_grad()
+            async def static_below():
+                await asyncio.sleep(0)
+                return torch.is_grad_enabled()
+
+            @torch.inference_mode()
+            async def agen(self):
+                await asyncio.sleep(0)
+                yield self, torch.is_inference_mode_enabled()
+
+            @torch.inference_mode()
+            @staticmethod
+            async def static_agen():
+                await asyncio.sleep(0)
+                yield torch.is_inference_mode_enabled()
+
+            @torch.inference_mode
+            @classmethod
+            async def class_agen(cls):
+                await asyncio.sleep(0)
+                yield cls, torch.is_inference_mode_enabled()
+
+        m = Model()
+
+        async def main():
+            return [
+                await m.coro(),
+                await Model.static_coro(),
+                await m.static_coro(),
+                await Model.class_coro(),
+                await m.class_coro(),
+                await Model.static_below(),
+                [x async for x in m.agen()],
+                [x async for x in Model.static_agen()],
+                [x async for x in m.static_agen()],
+                [x async for x in Model.class_agen()],
+            ]
+
+        self.assertEqual(
+            asyncio.run(main()),
+            [
+                (m, False),
+                False,
+                False,
+                (Model, False),
+                (Model, False),
+                False,
+                [(m, True)],
+                [True],
+                [True],
+                [(Model, True)],
+            ],
+        )
+        self.assertTrue(inspect.iscoroutinefunction(Model.static_coro))
+        self.assertTrue(inspect.iscoroutinefunction(m.class_coro))
+        self.assertTrue(inspect.isasyncgenfunction(Model.static_agen))
+        self.assertTrue(inspect.isasyncgenfunction(m.agen))
+
+    def test_nested_decorators(self):
+        @torch.no_grad()
+        @torch.enable_grad()
+        async def coro():
+            await asyncio.sleep(0)
+            first = mode_state()
+            with torch.inference_mode():
+                await asyncio.sleep(0)
+                return first, mode_state()
+
+        @torch.inference_mode()
+        @torch.no_grad()
+        @torch.inference_mode(False)
+        async def agen():
+            await asyncio.sleep(0)
+            yield mode_state()
+            with torch.no_grad():
+                await asyncio.sleep(0)
+                yield mode_state()
+
+        async def main():
+            with torch.no_grad():
+                got = [await coro(), [x async for x in agen()]]
+                self.assertEqual(mode_state(), NO_GRAD)
+            return got
+
+        self.assertTrue(inspect.iscoroutinefunction(coro))
+        self.assertTrue(inspect.isasyncgenfunction(agen))
+        self.assertEqual(asyncio.run(main()), [(PLAIN, INFERENCE), [PLAIN, NO_GRAD]])
+
+    def test_recursion_and_gather(self):
+        @torch.no_grad()
+        async def walk(depth):
+            await asyncio.sleep(0)
+            out = [(depth, torch.is_grad_enabled())]
+            if depth:
+                with torch.enable_grad():
+                    out += await walk(depth - 1)
+                    out.append(("back", torch.is_grad_enabled()))
+            return out
+
+        async def main():
+            return await asyncio.gather(walk(2), walk(1))
+
+        self.assertEqual(
+            asyncio.run(main()),
+            [
+                [(2, False), (1, False), (0, False), ("back", True), ("back", True)],
+                [(1, False), (0, False), ("back", True)],
+            ],
+        )
+
+    def test_functools_partial_of_decorated(self):
+        @torch.inference_mode()
+        async def scale(t, factor):
+            await asyncio.sleep(0)
+            return t * factor
+
+        double = functools.partial(scale, factor=2)
+        self.assertTrue(inspect.iscoroutinefunction(double))
+        out = asyncio.run(double(torch.ones(2)))
+        self.assertTrue(out.is_inference())
+        self.assertEqual(out.tolist(), [2.0, 2.0])
+
+
+# ---------------------------------------------------------------------------
+# Faults
+# ---------------------------------------------------------------------------
+
+
+def faulty(where, at, log=None):
+    """A _DecoratorContextManager whose ``where`` (enter/exit/clone) raises on its
+    ``at``-th call."""
+    calls = {"n": 0}
+
+    class Faulty(_DecoratorContextManager):
+        def _tick(self, name):
+            if log is not None:
+                log.append(name)
+            if name == where:
+                calls["n"] += 1
+                if calls["n"] == at:
+                    raise CMError(name)
+
+        def __enter__(self):
+            self._tick("enter")
+
+        def __exit__(self, *exc):
+            self._tick("exit")
+
+        def clone(self):
+            self._tick("clone")
+            return Faulty()
+
+    return Faulty()
+
+
+# (kind of function, at which call the context manager fails): a plain
+# function enters its context only once.
+FAULT_CASES = [
+    (kind, at)
+    for kind in ("plain", "gen", "coro", "agen")
+    for at in (1, 2)
+    if not (kind == "plain" and at == 2)
+]
+
+
+class TestGradModeFaults(GradModeTestCase):
+    @parametrize("caller", list(CALLER_MODES))
+    @parametrize(
+        "exc_type", [KeyboardInterrupt, SystemExit], name_fn=lambda exc: exc.__name__
+    )
+    def test_critical_exception_raised_in_body(self, exc_type, caller):
+        state = CALLER_MODES[caller]
+        seen = []
+
+        def body():
+            seen.append(mode_state())
+            with torch.enable_grad():
+                yield 1
+            seen.append(mode_state())
+            try:
+                raise exc_type("stop")
+            finally:
+                seen.append(mode_state())
+
+        g = torch.no_grad()(body)()
+        with enter_all(CALLER_SETUPS[caller]):
+            self.assertEqual(next(g), 1)
+            self.assertEqual(mode_state(), state)
+        with self.assertRaises(exc_type):
+            next(g)
+        self.assertEqual(mode_state(), PLAIN)
+        inf = state[1]
+        self.assertEqual(seen, [(False, inf), (False, inf), (False, inf)])
+        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+
+    @parametrize("caller", list(CALLER_MODES))
+    @parametrize(
+        "exc_type", [KeyboardInterrupt, SystemExit], name_fn=lambda exc: exc.__name__
+    )
+    def test_critical_exception_thrown_in(self, exc_type, caller):
+        seen = []
+
+        @torch.no_grad()
+        def gen():
+            with torch.enable_grad():
+                try:
+                    yield 1
+                except exc_type:
+                    seen.append(("except", mode_state()))
+                    raise
+                finally:
+                    seen.append(("finally", mode_state()))
+
+        g = gen()
+        next(g)
+        err = exc_type("thrown")
+        with enter_all(CALLER_SETUPS[caller]):
+            with self.assertRaises(exc_type) as cm:
+                g.throw(err)
+            self.assertEqual(mode_state(), CALLER_MODES[caller])
+        self.assertIs(cm.exception, err)
+        self.assertEqual(seen, [("except", PLAIN), ("finally", PLAIN)])
+
+    def test_critical_exception_thrown_in_and_caught(self):
+        @torch.inference_mode()
+        def gen():
+            while True:
+                try:
+                    yield mode_state()
+                except KeyboardInterrupt:
+                    pass
+
+        g = gen()
+        self.assertEqual(next(g), INFERENCE)
+        with torch.no_grad():
+            self.assertEqual(g.throw(KeyboardInterrupt()), INFERENCE)
+            self.assertEqual(mode_state(), NO_GRAD)
+        g.close()
+
+    @parametrize("caller", list(CALLER_MODES))
+    def test_generator_exit_caught_and_yield(self, caller):
+        seen = []
+
+        @torch.no_grad()
+        def gen():
+            with torch.inference_mode():
+                try:
+                    yield 1
+                except GeneratorExit:
+                    seen.append(mode_state())
+                    yield 2
+                seen.append(mode_state())
+            yield 3
+
+        g = gen()
+        next(g)
+        with enter_all(CALLER_SETUPS[caller]):
+            with self.assertRaisesRegex(RuntimeError, "ignored GeneratorExit"):
+                g.close()
+            self.assertEqual(mode_state(), CALLER_MODES[caller])
+        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_SUSPENDED)
+        self.assertEqual(next(g), 3)
+        self.assertEqual(seen, [INFERENCE, INFERENCE])
+        g.close()
+        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+
+    @parametrize("caller", list(CALLER_MODES))
+    def test_stop_iteration_in_body_pep479(self, caller):
+        def body():
+            yield 1
+            raise StopIteration("inner")
+
+        outcomes = []
+        for fn in (body, torch.no_grad()(body)):
+            g = fn()
+            next(g)
+            with enter_all(CALLER_SETUPS[caller]):
+                with self.assertRaises(RuntimeError) as cm:
+                    next(g)
+                self.assertEqual(mode_state(), CALLER_MODES[caller])
+            self.assertIsInstance(cm.exception.__cause__, StopIteration)
+            outcomes.append(str(cm.exception))
+        self.assertEqual(outcomes[0], outcomes[1])
+
+    def test_stop_iteration_from_next_in_body(self):
+        # The classic PEP 479 mistake: next() of an exhausted iterator inside
+        # the body.
+        @torch.enable_grad()
+        def gen():
+            it = iter([])
+            yield 0
+            yield next(it)
+
+        with torch.no_grad():
+            g = gen()
+            next(g)
+            with self.assertRaisesRegex(RuntimeError, "generator raised StopIteration"):
+                next(g)
+            self.assertEqual(mode_state(), NO_GRAD)
+
+    def test_reentrant_stepping(self):
+        holder = []
+
+        @torch.inference_mode()
+        def gen():
+            with torch.enable_grad():
+                try:
+                    yield next(holder[0])
+                except ValueError as e:
+                    yield ("caught", str(e), mode_state())
+
+        g = gen()
+        holder.append(g)
+        with torch.no_grad():
+            tag, msg, state = next(g)
+            self.assertEqual(mode_state(), NO_GRAD)
+        self.assertEqual(tag, "caught")
+        self.assertIn("already executing", msg)
+        self.assertEqual(state, INFERENCE_GRAD)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_reentrant_coroutine_send(self):
+        holder = []
+
+        @torch.no_grad()
+        async def coro():
+            holder[0].send(None)
+
+        c = coro()
+        holder.append(c)
+        with self.assertRaisesRegex(
+            (ValueError, RuntimeError), "already executing|already running"
+        ):
+            c.send(None)
+        self.assertEqual(mode_state(), PLAIN)
+
+    # -- context managers that raise -----------------------------------------
+
+    def _caller_mode_after_fault(self, kind, where, at):
+        """Run a function of *kind* decorated with a faulty context manager in each
+        caller mode but the plain one; return the outcomes."""
+        ctx = faulty(where, at)
+
+        def plain():
+            return mode_state()
+
+        def gen():
+            yield mode_state()
+            yield mode_state()
+
+        async def coro():
+            await suspend()
+            return mode_state()
+
+        async def agen():
+            yield mode_state()
+            await suspend()
+            yield mode_state()
+
+        async def consume(it):
+            return [x async for x in it]
+
+        fn = ctx({"plain": plain, "gen": gen, "coro": coro, "agen": agen}[kind])
+        results = []
+        for caller, state in list(CALLER_MODES.items())[1:]:
+            raised = None
+            with enter_all(CALLER_SETUPS[caller]):
+                try:
+                    if kind == "plain":
+                        fn()
+                    elif kind == "gen":
+                        list(fn())
+                    elif kind == "coro":
+                        drive(fn())
+                    else:
+                        drive(consume(fn()))
+                except CMError as e:
+                    raised = str(e)
+                results.append((raised, mode_state() == state))
+            self.assertEqual(mode_state(), PLAIN)
+        return results
+
+    @parametrize("kind,at", FAULT_CASES)
+    @parametrize("where", ["enter", "exit", "clone"])
+    def test_context_manager_raises(self, where, kind, at):
+        results = self._caller_mode_after_fault(kind, where, at)
+        # The first call raises, later calls (the counter is past ``at``) don't.
+        self.assertEqual(results[0], (where, True))
+        for raised, intact in results[1:]:
+            self.assertTrue(intact)
+            self.assertIsNone(raised)
+
+    def test_context_manager_failing_before_coroutine_starts_does_not_warn(self):
+        # The caller did await the decorated coroutine; Python must not warn
+        # that the body "was never awaited" because the context failed first.
+        async def coro():
+            return 1
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(CMError):
+                drive(faulty("enter", 1)(coro)())
+            gc.collect()
+        runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+        self.assertEqual([str(w.message) for w in runtime], [])
+
+    def test_context_manager_failing_before_async_generator_starts_does_not_warn(
+        self,
+    ):
+        # The same for an async generator: its first asend, made but never
+        # started, must not be reported as never awaited (Python 3.13 does).
+        async def agen():
+            yield 1
+
+        async def consume():
+            return [x async for x in faulty("enter", 1)(agen)()]
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(CMError):
+                drive(consume())
+            gc.collect()
+        runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+        self.assertEqual([str(w.message) for w in runtime], [])
+
+    def test_context_manager_raises_on_every_step(self):
+        # No step at all can run: the body never starts, the caller's mode is
+        # intact.
+        class AlwaysFails(_DecoratorContextManager):
+            def __enter__(self):
+                raise CMError("enter")
+
+            def __exit__(self, *exc):
+                pass
+
+        started = []
+
+        @AlwaysFails()
+        def gen():
+            started.append(1)
+            yield 1
+
+        for caller, state in CALLER_MODES.items():
+            with enter_all(CALLER_SETUPS[caller]):
+                with self.assertRaises(CMError):
+                    next(gen())
+                self.assertEqual(mode_state(), state)
+        self.assertEqual(started, [])
+
+    # A context manager whose __enter__ or __exit__ raises on a later step,
+    # while the body is suspended inside a mode block of its own: the error
+    # propagates, and the body is closed at once, in its own mode, without the
+    # failing context.  (Were it dropped and closed later, in whatever mode the
+    # thread then has, its own ``with`` exit would overwrite the caller's mode.)
+    def test_context_manager_failing_for_good_does_not_stop_the_close(self):
+        # A context manager that keeps failing after its first entry: the
+        # suspended body is still closed at once, in its own mode, so the
+        # context is not entered again for that close.
+        calls = {"n": 0}
+
+        class Broken(_DecoratorContextManager):
+            def __enter__(self):
+                calls["n"] += 1
+                if calls["n"] > 1:
+                    raise CMError("enter")
+
+            def __exit__(self, *exc):
+                return None
+
+        seen = []
+
+        @Broken()
+        def gen():
+            with torch.enable_grad():
+                try:
+                    yield 1
+                    yield 2
+                finally:
+                    seen.append(mode_state())
+
+        it = gen()
+        next(it)  # the body's block opens while the caller has grad on
+        with torch.no_grad():
+            with self.assertRaises(CMError):
+                next(it)
+            # Closing the body ran its ``with`` exit, which restores grad on
+            # for the body -- not for this caller.
+            self.assertEqual(mode_state(), NO_GRAD)
+        self.assertEqual(seen, [PLAIN])
+        del it
+        gc.collect()
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_context_manager_raises_while_body_suspended_in_own_block(self):
+        # All four cases in one check, each run to the end before comparing.
+        outcomes = {}
+        for kind in ("gen", "coro"):
+            for where in ("enter", "exit"):
+                seen = []
+                ctx = faulty(where, 2 if where == "enter" else 1)
+
+                def gen():
+                    with torch.enable_grad():
+                        try:
+                            yield 1
+                            yield 2
+                        finally:
+                            seen.append(mode_state())
+
+                async def coro():
+                    with torch.enable_grad():
+                        try:
+                            await suspend()
+                            await suspend()
+                        finally:
+                            seen.append(mode_state())
+
+                with torch.no_grad():
+                    it = ctx(gen)() if kind == "gen" else ctx(coro)()
+                    if where == "enter":
+                        it.send(None)
+                try:
+                    it.send(None)
+                    raised = None
+                except CMError as e:
+                    raised = str(e)
+                del it
+                gc.collect()
+                after = mode_state()
+                torch._C._set_grad_enabled(True)
+                outcomes[kind, where] = (raised, after, seen)
+        # The context manager's error propagates, the caller (grad on) keeps
+        # its mode, and the body's finally runs in the body's mode (grad on
+        # inside its enable_grad block).
+        self.assertEqual(outcomes, {key: (key[1], PLAIN, [PLAIN]) for key in outcomes})
+
+    def test_context_manager_raises_while_async_generator_suspended_in_own_block(
+        self,
+    ):
+        # The async-generator twin of the test above.  The body can be left
+        # suspended at a ``yield`` (the failing step had not started it) or at
+        # an ``await`` inside an item (the failing step had); either way it is
+        # closed at once, in its own mode, rather than dropped with its ``with``
+        # exit left to run at collection, in the collector's caller's mode.
+        outcomes = {}
+        for where, at, left_at in (
+            ("enter", 2, "yield"),
+            ("exit", 1, "yield"),
+            ("enter", 3, "await"),
+            ("exit", 2, "await"),
+            ("clone", 3, "await"),
+        ):
+            seen = []
+            ctx = faulty(where, at)
+
+            async def agen():
+                with torch.enable_grad():
+                    try:
+                        yield 1
+                        await suspend()
+                        yield 2
+                    finally:
+                        seen.append(mode_state())
+
+            with torch.no_grad():
+                it = ctx(agen)()
+                raised = None
+                try:
+                    drive(it.__anext__())
+                    drive(it.__anext__())
+                except CMError as e:
+                    raised = str(e)
+                during = mode_state()
+                closed_at_once = list(seen)
+            del it
+            gc.collect()
+            outcomes[where, at, left_at] = (
+                raised,
+                during,
+                closed_at_once,
+                mode_state(),
+                seen,
+            )
+        # The context manager's error propagates, the caller (grad off) keeps
+        # its mode, and the body's finally runs at once, in the body's mode
+        # (grad on inside its enable_grad block), and only once.
+        expected = {key: (key[0], NO_GRAD, [PLAIN], PLAIN, [PLAIN]) for key in outcomes}
+        self.assertEqual(outcomes, expected)
+
+    # -- asyncio cancellation and timeouts -------------------------------------
+
+    def _cancellable(self, seen):
+        @torch.no_grad()
+        async def body():
+            seen.append(("start", mode_state()))
+            with torch.inference_mode():
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    seen.append(("except", mode_state()))
+                    raise
+                finally:
+                    seen.append(("finally", mode_state()))
+            seen.append(("after", mode_state()))
+
+        return body
+
+    def test_task_cancelled_while_suspended_in_own_block(self):
+        seen = []
+        body = self._cancellable(seen)
+
+        async def main():
+            task = asyncio.ensure_future(body())
+            for _ in range(3):
+                await asyncio.sleep(0)
+                self.assertEqual(mode_state(), PLAIN)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            self.assertEqual(mode_state(), PLAIN)
+
+        asyncio.run(main())
+        self.assertEqual(
+            seen, [("start", NO_GRAD), ("except", INFERENCE), ("finally", INFERENCE)]
+        )
+
+    def test_wait_for_timeout_while_suspended_in_own_block(self):
+        seen = []
+        body = self._cancellable(seen)
+
+        async def main():
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(body(), 0.01)
+            self.assertEqual(mode_state(), PLAIN)
+
+        asyncio.run(main())
+        self.assertEqual(
+            seen, [("start", NO_GRAD), ("except", INFERENCE), ("finally", INFERENCE)]
+        )
+
+    def test_async_generator_cancelled_while_suspended_in_own_block(self):
+        seen = []
+
+        @torch.enable_grad()
+        async def agen():
+            with torch.inference_mode():
+                yield 1
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    seen.append(("except", mode_state()))
+                    raise
+                finally:
+                    seen.append(("finally", mode_state()))
+
+        async def consume():
+            async for _ in agen():
+                pass
+
+        async def main():
+            # The one undecorated task: its own mode is checked.
+            with torch.no_grad():
+                task = asyncio.ensure_future(consume())
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+                self.assertEqual(mode_state(), NO_GRAD)
+                task.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await task
+                self.assertEqual(mode_state(), NO_GRAD)
+
+        asyncio.run(main())
+        self.assertEqual(seen, [("except", INFERENCE), ("finally", INFERENCE)])
+
+    # -- tracebacks ------------------------------------------------------------
+
+    def test_tracebacks_include_body_frame(self):
+        def names(exc):
+            return [f.name for f in traceback.extract_tb(exc.__traceback__)]
+
+        @torch.no_grad()
+        def distinctive_plain():
+            raise CMError("plain")
+
+        @torch.no_grad()
+        def distinctive_gen():
+            yield 1
+            raise CMError("gen")
+
+        @torch.inference_mode()
+        async def distinctive_coro():
+            await suspend()
+            raise CMError("coro")
+
+        @torch.enable_grad()
+        async def distinctive_agen():
+            yield 1
+            await suspend()
+            raise CMError("agen")
+
+        def caught(fn, exc_type=CMError):
+            # Not assertRaises: it strips the traceback.
+            try:
+                fn()
+            except exc_type as e:
+                return e
+            self.fail("nothing raised")
+
+        async def consume():
+            return [x async for x in distinctive_agen()]
+
+        self.assertIn("distinctive_plain", names(caught(distinctive_plain)))
+        self.assertIn("distinctive_gen", names(caught(lambda: list(distinctive_gen()))))
+        self.assertIn(
+            "distinctive_coro", names(caught(lambda: drive(distinctive_coro())))
+        )
+        self.assertIn("distinctive_agen", names(caught(lambda: drive(consume()))))
+
+        # Thrown in and re-raised: the body's frame is there too.
+        g = distinctive_gen()
+        next(g)
+        exc = caught(lambda: g.throw(KeyboardInterrupt()), KeyboardInterrupt)
+        self.assertIn("distinctive_gen", names(exc))
+        # Formatting the traceback (locals included) works.
+        formatted = traceback.TracebackException.from_exception(
+            exc, capture_locals=True
+        ).format()
+        self.assertIn("distinctive_gen", "".join(formatted))
+
+
+# ---------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------
+
+
+class TestGradModeThreads(GradModeTestCase):
+    def test_generator_created_in_one_thread_stepped_from_others(self):
+        @torch.no_grad()
+        def gen():
+            yield mode_state()
+            with torch.inference_mode():
+                yield mode_state()
+                yield mode_state()
+            with torch.enable_grad():
+                yield mode_state()
+            yield mode_state()
+
+        g = on_own_thread(gen)
+        results = []
+        for caller in [*CALLER_MODES, "plain"]:
+
+            def step(caller=caller):
+                with enter_all(CALLER_SETUPS[caller]):
+                    value = next(g)
+                    return value, mode_state() == CALLER_MODES[caller]
+
+            results.append(on_own_thread(step))
+        self.assertEqual(
+            [v for v, _ in results], [NO_GRAD, INFERENCE, INFERENCE, PLAIN, NO_GRAD]
+        )
+        self.assertTrue(all(ok for _, ok in results))
+        with self.assertRaises(StopIteration):
+            next(g)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_parked_generator_closed_from_another_thread(self):
+        seen = []
+
+        @torch.no_grad()
+        def gen():
+            with torch.inference_mode():
+                try:
+                    yield 1
+                finally:
+                    seen.append(mode_state())
+
+        g = gen()
+        next(g)  # parked inside its inference block, on this thread
+        self.assertEqual(mode_state(), PLAIN)
+
+        def close():
+            with torch.no_grad():
+                g.close()
+                return mode_state()
+
+        self.assertEqual(on_own_thread(close), NO_GRAD)
+        self.assertEqual(seen, [INFERENCE])
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_many_threads_many_generators(self):
+        n_threads, n_steps = 8, 100
+        decorators = [
+            (torch.no_grad, NO_GRAD),
+            (torch.enable_grad, PLAIN),
+            (lambda: torch.set_grad_enabled(False), NO_GRAD),
+            (torch.inference_mode, INFERENCE),
+        ]
+        errors = []
+        barrier = threading.Barrier(n_threads)
+
+        def make(dec_index):
+            make_ctx, inside = decorators[dec_index]
+
+            @make_ctx()
+            def gen():
+                while True:
+                    # The decorator's mode, then a block the body keeps open
+                    # across a yield.
+                    yield ("dec", mode_state())
+                    with torch.inference_mode():
+                        yield ("inf", mode_state())
+                    with torch.enable_grad():
+                        yield ("grad", mode_state())
+
+            return gen(), inside
+
+        def worker(seed):
+            rng = random.Random(seed)
+            try:
+                barrier.wait(30)
+                gens = [make(rng.randrange(len(decorators))) for _ in range(4)]
+                for _ in range(n_steps):
+                    g, inside = rng.choice(gens)
+                    grad, inf = rng.random() < 0.5, rng.random() < 0.3
+                    guard = torch._C._InferenceMode(True) if inf else None
+                    torch._C._set_grad_enabled(grad)
+                    try:
+                        tag, state = next(g)
+                        after = mode_state()
+                    finally:
+                        if guard is not None:
+                            guard.__exit__(None, None, None)
+                        torch._C._set_grad_enabled(True)
+                    if after != (grad, inf):
+                        errors.append(("caller", seed, (grad, inf), after))
+                    # The body starts in its first caller's state, but every
+                    # decorator here fixes grad mode; inference mode is either
+                    # forced by the decorator / block or inherited at start.
+                    if tag == "dec" and state[0] != inside[0]:
+                        errors.append(("body", seed, tag, state))
+                    if tag == "inf" and state != INFERENCE:
+                        errors.append(("body", seed, tag, state))
+                    if tag == "grad" and not state[0]:
+                        errors.append(("body", seed, tag, state))
+                    if mode_state() != PLAIN:
+                        errors.append(("reset", seed, mode_state()))
+                for g, _ in gens:
+                    g.close()
+            except BaseException as e:
+                errors.append(("exception", seed, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors[:5], [])
+        self.assertEqual(mode_state(), PLAIN)
+
+
+# ---------------------------------------------------------------------------
+# Garbage collection and memory
+# ---------------------------------------------------------------------------
+
+
+class TestGradModeGarbageCollection(GradModeTestCase):
+    def setUp(self):
+        super().setUp()
+        self._gc_was_enabled = gc.isenabled()
+
+    def tearDown(self):
+        if self._gc_was_enabled:
+            gc.enable()
+        super().tearDown()
+
+    def _dropped_in_cycles(self, caller):
+        """Suspend one decorated body of each kind, drop it in a cycle, collect
+        with the collector's caller in *caller*."""
+        seen = {}
+
+        def record(key):
+            seen[key] = mode_state()
+
+        @torch.no_grad()
+        def gen(box):
+            try:
+                yield 1
+            finally:
+                record("gen")
+
+        @torch.no_grad()
+        def gen_in_block(box):
+            with torch.inference_mode():
+                try:
+                    yield 1
+                finally:
+                    record("gen_in_block")
+
+        @torch.no_grad()
+        async def coro(box):
+            try:
+                await suspend()
+            finally:
+                record("coro")
+
+        @torch.no_grad()
+        async def agen(box):
+            try:
+                yield 1
+            finally:
+                record("agen")
+
+        gc.collect()
+        gc.disable()
+        try:
+            for fn in (gen, gen_in_block):
+                box = []
+                g = fn(box)
+                box.append(g)  # generator -> frame -> box -> generator
+                next(g)
+            box = []
+            c = coro(box)
+            box.append(c)
+            c.send(None)
+            box = []
+            a = agen(box)
+            box.append(a)
+            with self.assertRaises(StopIteration):
+                a.asend(None).send(None)
+            del g, c, a, box
+            self.assertEqual(seen, {})
+            with enter_all(CALLER_SETUPS[caller]):
+                gc.collect()
+                after = mode_state()
+        finally:
+            gc.enable()
+        self.assertEqual(after, CALLER_MODES[caller])
+        return seen
+
+    @parametrize("collector", list(CALLER_MODES))
+    def test_dropped_bodies_finalised_in_their_mode(self, collector):
+        seen = self._dropped_in_cycles(collector)
+        self.assertEqual(
+            seen,
+            {
+                "gen": NO_GRAD,
+                "gen_in_block": INFERENCE,
+                "coro": NO_GRAD,
+                "agen": NO_GRAD,
+            },
+        )
+
+    def _no_cycles(self, loop):
+        gc.collect()
+        gc.disable()
+        try:
+            loop()
+            found = gc.collect()
+        finally:
+            gc.enable()
+        self.assertEqual(found, 0)
+
+    def test_generator_wrapper_creates_no_cycles(self):
+        @torch.no_grad()
+        def gen(n):
+            for i in range(n):
+                try:
+                    with torch.inference_mode():
+                        yield i
+                except CMError:
+                    yield -1
+            if n == 3:
+                raise CMError("out")
+
+        def loop():
+            for _ in range(30):
+                self.assertEqual(list(gen(2)), [0, 1])
+                g = gen(4)
+                next(g)
+                self.assertEqual(g.throw(CMError()), -1)
+                g.close()  # early close
+                g = gen(3)
+                next(g)
+                try:
+                    g.throw(ValueError("not caught"))
+                except ValueError:
+                    pass
+                try:
+                    list(gen(3))
+                except CMError:
+                    pass
+                g = gen(2)
+                next(g)
+                del g  # dropped while parked in its inference block
+
+        self._no_cycles(loop)
+
+    def test_async_generator_wrapper_creates_no_cycles(self):
+        @torch.no_grad()
+        async def agen(n):
+            for i in range(n):
+                try:
+                    with torch.inference_mode():
+                        await suspend()
+                        yield i
+                except CMError:
+                    yield -1
+            if n == 3:
+                raise CMError("out")
+
+        async def consume(n):
+            return [x async for x in agen(n)]
+
+        @torch.no_grad()
+        async def coro(fail):
+            with torch.inference_mode():
+                await suspend()
+            if fail:
+                raise CMError("out")
+            return 1
+
+        def loop():
+            for _ in range(30):
+                self.assertEqual(drive(consume(2)), [0, 1])
+                a = agen(4)
+                it = a.asend(None)
+                it.send(None)
+                with self.assertRaises(StopIteration):
+                    it.send(None)
+                with self.assertRaises(StopIteration) as cm:
+                    a.athrow(CMError()).send(None)
+                self.assertEqual(cm.exception.value, -1)
+                with self.assertRaises(StopIteration):
+                    a.aclose().send(None)  # early close
+                try:
+                    drive(consume(3))
+                except CMError:
+                    pass
+                a = agen(3)
+                it = a.asend(None)
+                it.send(None)
+                with self.assertRaises(StopIteration):
+                    it.send(None)
+                try:
+                    a.athrow(ValueError("not caught")).send(None)
+                except ValueError:
+                    pass
+                self.assertEqual(drive(coro(False)), 1)
+                try:
+                    drive(coro(True))
+                except CMError:
+                    pass
+
+        self._no_cycles(loop)
+
+    def test_async_generator_in_a_cycle_is_finalised_in_its_mode(self):
+        # An object that owns its own async generator: the body and its
+        # wrapper become garbage together, and the collector may finalise the
+        # body first.  It must then be closed in its own mode, not directly.
+        seen = []
+
+        class Streamer:
+            def __init__(self):
+                self.it = self.stream()
+
+            @torch.no_grad()
+            async def stream(self):
+                try:
+                    with torch.enable_grad():
+                        while True:
+                            await asyncio.sleep(0)
+                            yield torch.is_grad_enabled()
+                finally:
+                    seen.append(("finally", torch.is_grad_enabled()))
+
+        errors = []
+
+        async def main():
+            asyncio.get_running_loop().set_exception_handler(
+                lambda loop, ctx: errors.append(ctx)
+            )
+            s = Streamer()
+            first = await s.it.__anext__()
+            del s
+            gc.collect()
+            after_gc = torch.is_grad_enabled()
+            await asyncio.sleep(0.01)
+            return first, after_gc, torch.is_grad_enabled()
+
+        self.assertEqual(asyncio.run(main()), (True, True, True))
+        # The decorator's mode, outside the block.
+        self.assertEqual(seen, [("finally", False)])
+        self.assertEqual(errors, [])
+
+    def test_closing_a_suspended_coroutine_closes_its_body_at_once(self):
+        seen = []
+
+        @torch.no_grad()
+        async def coro():
+            try:
+                with torch.enable_grad():
+                    await suspend()
+            finally:
+                seen.append(torch.is_grad_enabled())  # the decorator's mode
+                raise CMError("from finally")
+
+        c = coro()
+        c.send(None)
+        with self.assertRaisesRegex(CMError, "from finally"):  # as undecorated
+            c.close()
+        self.assertEqual(seen, [False])
+        self.assertTrue(torch.is_grad_enabled())
+
+    @parametrize("kind", ["generator", "coroutine"])
+    def test_wrapper_closed_after_its_body_closes_quietly(self, kind):
+        # What the cyclic collector does when it finalises a body before its
+        # wrapper: close the body first, then the wrapper.
+        @torch.no_grad()
+        def gen():
+            yield 1
+            yield 2
+
+        @torch.no_grad()
+        async def coro():
+            await suspend()
+            await suspend()
+
+        make, start = {
+            "generator": (gen, next),
+            "coroutine": (coro, lambda c: c.send(None)),
+        }[kind]
+        wrapper = make()
+        start(wrapper)
+        frame = getattr(wrapper, "gi_frame", None) or wrapper.cr_frame
+        body = frame.f_locals["body"]
+        body.close()
+        wrapper.close()  # neither RuntimeError nor a second close of the body
+        self.assertTrue(torch.is_grad_enabled())
+
+    def test_reentered_context_wrappers_create_no_cycles(self):
+        # A context without a known effect is re-entered at every step: the
+        # step frames in a failure's traceback must not keep the body and the
+        # thrown exception alive in a cycle.
+        class Plain(_DecoratorContextManager):
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        @Plain()
+        def gen():
+            yield 1
+            raise CMError("out")
+
+        @Plain()
+        async def coro():
+            await suspend()
+            raise CMError("out")
+
+        def loop():
+            for _ in range(30):
+                g = gen()
+                next(g)
+                try:
+                    g.throw(ValueError("not caught"))
+                except ValueError:
+                    pass
+                try:
+                    list(gen())
+                except CMError:
+                    pass
+                c = coro()
+                c.send(None)
+                try:
+                    c.throw(ValueError("not caught"))
+                except ValueError:
+                    pass
+                try:
+                    drive(coro())
+                except CMError:
+                    pass
+
+        self._no_cycles(loop)
+
+    def test_no_growth(self):
+        @torch.no_grad()
+        def gen():
+            with torch.inference_mode():
+                yield 1
+            yield 2
+
+        @torch.inference_mode()
+        async def agen():
+            await suspend()
+            yield 1
+
+        async def consume():
+            return [x async for x in agen()]
+
+        def work(n):
+            for _ in range(n):
+                list(gen())
+                g = gen()
+                next(g)
+                g.close()
+                g = gen()
+                next(g)
+                try:
+                    g.throw(CMError())
+                except CMError:
+                    pass
+                drive(consume())
+
+        work(100)
+        gc.collect()
+        objects_before = len(gc.get_objects())
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            work(600)
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        objects_after = len(gc.get_objects())
+        self.assertLess(objects_after - objects_before, 200)
+        self.assertLess(after - before, 200_000)
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------
+
+
+def _type_name(value):
+    return type(value).__name__
+
+
+class TestGradModeBadInput(GradModeTestCase):
+    @parametrize("bad", [5, None, "text", [1]], name_fn=_type_name)
+    def test_decorating_non_callable(self, bad):
+        with self.assertRaisesRegex(TypeError, "callable"):
+            torch.no_grad()(bad)
+        with self.assertRaisesRegex(TypeError, "callable"):
+            torch.enable_grad()(bad)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_decorating_class_warns(self):
+        class Model:
+            def __init__(self):
+                self.state = mode_state()
+
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            made = torch.no_grad()(Model)
+        self.assertTrue(any(issubclass(x.category, FutureWarning) for x in w))
+        obj = made()
+        self.assertIsInstance(obj, Model)
+        self.assertEqual(obj.state, NO_GRAD)
+        self.assertEqual(mode_state(), PLAIN)
+
+    @parametrize("bad", ["yes", None, 1], name_fn=_type_name)
+    def test_set_grad_enabled_non_bool(self, bad):
+        with self.assertRaisesRegex(TypeError, "enabled.*must be bool"):
+            torch.set_grad_enabled(bad)
+        self.assertEqual(mode_state(), PLAIN)
+
+    # A non-bool mode such as torch.inference_mode(None) must not be taken for
+    # the function of ``@torch.inference_mode`` without parentheses.
+    @unittest.skipIf(not TEST_NUMPY, "numpy not found")
+    def test_inference_mode_non_bool_names_the_argument(self):
+        import numpy as np
+
+        for bad, name in (
+            (None, "NoneType"),
+            ("yes", "str"),
+            (1, "int"),
+            (np.True_, "numpy.bool"),
+        ):
+            with self.assertRaisesRegex(
+                TypeError, f"mode must be bool .*, not {name}$"
+            ):
+                torch.inference_mode(bad)
+            self.assertEqual(mode_state(), PLAIN)
+
+    @parametrize("bad", [None, "yes", 1], name_fn=_type_name)
+    def test_inference_mode_non_bool_is_refused(self, bad):
+        # Whatever the message, no silent object comes back and the mode is
+        # untouched.
+        with self.assertRaises(TypeError):
+            torch.inference_mode(bad)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_context_decorator_refuses_callable_context_manager(self):
+        class Both:
+            def __call__(self):
+                return self
+
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        with self.assertRaisesRegex(AssertionError, "callable"):
+            context_decorator(Both(), lambda: 1)
+
+    def test_context_decorator_accepts_factory_and_instance(self):
+        log = []
+
+        class CM:
+            def __enter__(self):
+                log.append("enter")
+
+            def __exit__(self, *exc):
+                log.append("exit")
+
+        cm = CM()
+        self.assertEqual(context_decorator(lambda: cm, lambda: 1)(), 1)
+        self.assertEqual(context_decorator(cm, lambda: 2)(), 2)
+        self.assertEqual(log, ["enter", "exit"] * 2)
+
+
+# ---------------------------------------------------------------------------
+# Smaller points of the step driver
+# ---------------------------------------------------------------------------
+
+
+class TestGradModeDriverDetails(GradModeTestCase):
+    @parametrize("kind", ["gen", "coro", "agen"])
+    @parametrize("caller", list(CALLER_MODES))
+    def test_neutral_context_manager_body_starts_in_caller_mode(self, caller, kind):
+        # A context manager that leaves grad mode alone changes nothing: every
+        # step of the body sees its caller's mode, whatever that is -- also the
+        # first, when the driver builds the body's state from the caller's.
+        class Neutral(_DecoratorContextManager):
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        seen = []
+
+        @Neutral()
+        def gen():
+            seen.append(mode_state())
+            yield
+            seen.append(mode_state())
+
+        @Neutral()
+        async def coro():
+            seen.append(mode_state())
+            await suspend()
+            seen.append(mode_state())
+
+        @Neutral()
+        async def agen():
+            seen.append(mode_state())
+            await suspend()
+            yield
+            seen.append(mode_state())
+
+        async def consume():
+            return [x async for x in agen()]
+
+        runs = {
+            "gen": lambda: list(gen()),
+            "coro": lambda: drive(coro()),
+            "agen": lambda: drive(consume()),
+        }
+        state = CALLER_MODES[caller]
+        with enter_all(CALLER_SETUPS[caller]):
+            runs[kind]()
+            self.assertEqual(mode_state(), state)
+        self.assertEqual(seen, [state, state])
+
+    def test_send_values_and_return_value(self):
+        @torch.no_grad()
+        def gen():
+            got = []
+            while len(got) < 3:
+                got.append((yield len(got)))
+            return got
+
+        g = gen()
+        self.assertEqual(next(g), 0)
+        self.assertEqual(g.send("a"), 1)
+        self.assertEqual(g.send("b"), 2)
+        with self.assertRaises(StopIteration) as cm:
+            g.send("c")
+        self.assertEqual(cm.exception.value, ["a", "b", "c"])
+
+    def test_kinds_preserved(self):
+        def gen():
+            yield
+
+        async def coro():
+            pass
+
+        async def agen():
+            yield
+
+        @types.coroutine
+        def old_style():
+            yield
+
+        dec = torch.no_grad()
+        self.assertTrue(inspect.isgeneratorfunction(dec(gen)))
+        self.assertTrue(inspect.iscoroutinefunction(dec(coro)))
+        self.assertTrue(inspect.isasyncgenfunction(dec(agen)))
+        self.assertTrue(
+            dec(old_style)().gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE
+        )
+        # ... and only those: an ordinary generator must not become awaitable.
+        self.assertFalse(inspect.isawaitable(dec(gen)()))
+        self.assertTrue(inspect.isawaitable(dec(old_style)()))
+
+        @torch.no_grad()
+        async def awaits_old_style():
+            await dec(old_style)()
+            return mode_state()
+
+        self.assertEqual(drive(awaits_old_style()), NO_GRAD)
+
+    def test_set_grad_enabled_repr(self):
+        prev = torch.is_grad_enabled()
+        try:
+            cm = torch.set_grad_enabled(False)
+        finally:
+            torch._C._set_grad_enabled(prev)
+        self.assertEqual(
+            repr(cm), "torch.autograd.grad_mode.set_grad_enabled(mode=False)"
+        )
+        self.assertEqual(str(cm), repr(cm))
+
+    def test_coroutine_function_returning_other_awaitable(self):
+        class Awaitable:
+            def __await__(self):
+                got = yield "step"
+                return got, mode_state()
+
+        def marked():
+            return Awaitable()
+
+        if hasattr(inspect, "markcoroutinefunction"):
+            marked = inspect.markcoroutinefunction(marked)
+        else:
+            # Before Python 3.12: look like a coroutine function to inspect, as
+            # unittest.mock.AsyncMock does, with a coroutine's code object.
+            class Marked:
+                async def _code():
+                    pass
+
+                __code__ = _code.__code__
+                __name__ = "marked"
+                __defaults__ = __kwdefaults__ = None
+                __annotations__ = {}
+
+                def __call__(self):
+                    return Awaitable()
+
+            marked = Marked()
+            self.assertTrue(inspect.iscoroutinefunction(marked))
+        wrapped = torch.no_grad()(marked)
+        self.assertTrue(inspect.iscoroutinefunction(wrapped))
+        c = wrapped()
+        self.assertEqual(c.send(None), "step")
+        with self.assertRaises(StopIteration) as cm:
+            c.send("value")
+        self.assertEqual(cm.exception.value, ("value", NO_GRAD))
+
+    def test_static_and_class_methods_keep_kind(self):
+        class M:
+            @torch.no_grad()
+            @staticmethod
+            def s():
+                return mode_state()
+
+            @torch.inference_mode()
+            @classmethod
+            def c(cls):
+                return cls, mode_state()
+
+        self.assertIsInstance(M.__dict__["s"], staticmethod)
+        self.assertIsInstance(M.__dict__["c"], classmethod)
+        self.assertEqual(M.s(), NO_GRAD)
+        self.assertEqual(M.c(), (M, INFERENCE))
+
+    def test_body_starts_in_caller_inference_state(self):
+        # set_grad_enabled only sets grad mode: inference mode is the first
+        # caller's.
+        @torch.set_grad_enabled(True)
+        def gen():
+            yield mode_state()
+            yield mode_state()
+
+        with torch.inference_mode():
+            g = gen()
+            self.assertEqual(next(g), INFERENCE_GRAD)
+        self.assertEqual(next(g), INFERENCE_GRAD)
+        with torch.no_grad():
+            with self.assertRaises(StopIteration):
+                next(g)
+            self.assertEqual(mode_state(), NO_GRAD)
+
+    @parametrize("caller", list(CALLER_MODES))
+    @parametrize("first", list(CALLER_MODES))
+    def test_body_changes_persist_in_every_caller_mode(self, first, caller):
+        @torch.no_grad()
+        def gen():
+            yield mode_state()
+            torch.set_grad_enabled(True)
+            yield mode_state()
+            with torch.inference_mode():
+                yield mode_state()
+                with torch.inference_mode(False):
+                    yield mode_state()
+                yield mode_state()
+            yield mode_state()
+
+        want = [NO_GRAD, PLAIN, INFERENCE, PLAIN, INFERENCE, PLAIN]
+        with enter_all(CALLER_SETUPS[first]):
+            g = gen()
+            got = [next(g)]
+        inf = CALLER_MODES[first][1]
+        with enter_all(CALLER_SETUPS[caller]):
+            got += list(g)
+            self.assertEqual(mode_state(), CALLER_MODES[caller])
+        # Before the body's own inference block, inference mode is the first
+        # caller's.
+        self.assertEqual(got[:2], [(want[0][0], inf), (want[1][0], inf)])
+        self.assertEqual(got[2:5], want[2:5])
+        self.assertEqual(got[5], (True, inf))
+
+    @parametrize("declared", ["by_the_class", "by_a_base"])
+    def test_reenter_false_subclass_enters_once(self, declared):
+        log = []
+
+        class Once(_DecoratorContextManager):
+            # Declares that entering only sets grad mode (both spellings the
+            # decorators have used; only the defining class is trusted with it).
+            _only_sets_grad_mode = True
+
+            def _grad_mode_effect(self):
+                return ("grad", False)
+
+            def __enter__(self):
+                log.append("enter")
+                self.prev = torch.is_grad_enabled()
+                torch._C._set_grad_enabled(False)
+
+            def __exit__(self, *exc):
+                log.append("exit")
+                torch._C._set_grad_enabled(self.prev)
+
+        class Again(Once):
+            pass  # does not declare it itself: entered around every step
+
+        cls, want = {
+            "by_the_class": (Once, ["enter", "exit"]),
+            "by_a_base": (Again, ["enter", "exit"] * 3),
+        }[declared]
+
+        @cls()
+        def gen():
+            yield torch.is_grad_enabled()
+            yield torch.is_grad_enabled()
+
+        self.assertEqual(list(gen()), [False, False])
+        self.assertEqual(log, want)
+
+    @parametrize("kind", ["generator", "coroutine", "async_generator"])
+    def test_private_wrappers_reenter_by_default(self, kind):
+        # _wrap_generator(ctx_factory, func) enters a fresh context around
+        # every step; the async twins follow it.  Called that way (no reenter
+        # argument, as context_decorator never calls them), they must still
+        # re-enter: the default is for such callers.
+        from torch.utils._contextlib import (
+            _wrap_async_generator,
+            _wrap_coroutine,
+            _wrap_generator,
+        )
+
+        log = []
+
+        class Counting:
+            def __enter__(self):
+                log.append("enter")
+
+            def __exit__(self, *exc):
+                log.append("exit")
+
+        def gen():
+            yield 1
+            yield 2
+
+        async def coro():
+            await suspend()
+            await suspend()
+            return 3
+
+        async def agen():
+            await suspend()
+            yield 4
+
+        async def consume(it):
+            return [v async for v in it]
+
+        cases = {
+            "generator": (lambda: list(_wrap_generator(Counting, gen)()), [1, 2]),
+            "coroutine": (lambda: drive(_wrap_coroutine(Counting, coro)()), 3),
+            "async_generator": (
+                lambda: drive(consume(_wrap_async_generator(Counting, agen)())),
+                [4],
+            ),
+        }
+        run, result = cases[kind]
+        self.assertEqual(run(), result)
+        self.assertEqual(log, ["enter", "exit"] * 3)
+
+    @parametrize("cls_name", ["CountedNoGrad", "Sub"])
+    def test_no_param_subclass_keeps_cooperative_new(self, cls_name):
+        # _NoParamDecoratorContextManager looks up the next __new__ once per
+        # class instead of calling super() per block: a base with its own
+        # __new__ later in a subclass's MRO must still be called, by the
+        # subclass and by its own subclasses, in a block and as a bare
+        # decorator.
+        made = []
+        subclassed = []
+
+        class Counted:
+            def __new__(cls, *args, **kwargs):
+                made.append(cls.__name__)
+                return super().__new__(cls)
+
+            def __init_subclass__(cls, **kwargs):
+                # Reached through _NoParamDecoratorContextManager's own hook.
+                super().__init_subclass__(**kwargs)
+                subclassed.append(cls.__name__)
+
+        class CountedNoGrad(torch.no_grad, Counted):
+            pass
+
+        class Sub(CountedNoGrad):
+            pass
+
+        self.assertEqual(subclassed, ["CountedNoGrad", "Sub"])
+        cls = {"CountedNoGrad": CountedNoGrad, "Sub": Sub}[cls_name]
+        with cls():
+            self.assertFalse(torch.is_grad_enabled())
+        self.assertEqual(made, [cls.__name__])
+        self.assertIsInstance(cls(), cls)
+
+        @cls
+        def plain():
+            return torch.is_grad_enabled()
+
+        self.assertFalse(plain())
+        self.assertTrue(torch.is_grad_enabled())
+        # Classes without such a base are unaffected.
+        made.clear()
+        with torch.no_grad(), torch.enable_grad():
+            pass
+        self.assertEqual(made, [])
+
+
+# ---------------------------------------------------------------------------
+# The other context managers of torch.autograd.grad_mode
+# ---------------------------------------------------------------------------
+
+# The thread-local switches besides grad and inference mode: (class, query,
+# default).
+SWITCHES = {
+    "set_multithreading_enabled": (
+        torch.autograd.set_multithreading_enabled,
+        torch._C._is_multithreading_enabled,
+        True,
+    ),
+    "enforce_grad_layout_policy": (
+        torch.autograd.grad_mode.enforce_grad_layout_policy,
+        torch._C._is_grad_layout_enforcement_enabled,
+        True,
+    ),
+    "_force_original_view_tracking": (
+        torch.autograd.grad_mode._force_original_view_tracking,
+        torch._C._is_view_replay_enabled,
+        False,
+    ),
+}
+
+
+class TestGradModeOtherContextManagers(GradModeTestCase):
+    """The other switches, as function, block and decorator."""
+
+    @parametrize("switch", list(SWITCHES))
+    def test_block_and_decorator(self, switch):
+        cls, query, default = SWITCHES[switch]
+        self.assertEqual(query(), default)
+        with cls(not default):
+            self.assertEqual(query(), not default)
+        self.assertEqual(query(), default)
+
+        @cls(not default)
+        def plain():
+            return query()
+
+        if cls is torch.autograd.set_multithreading_enabled:
+            # Its decorator line switches the setting (see
+            # test_set_multithreading_enabled_decorator_line).
+            torch._C._set_multithreading_enabled(default)
+        # The decorator line itself leaves the setting alone.
+        self.assertEqual(query(), default)
+        self.assertEqual([plain(), plain()], [not default] * 2)
+        self.assertEqual(query(), default)
+
+        @cls(not default)
+        def gen():
+            yield query()
+            yield query()
+
+        if cls is torch.autograd.set_multithreading_enabled:
+            torch._C._set_multithreading_enabled(default)
+        self.assertEqual(list(gen()), [not default] * 2)
+        self.assertEqual(query(), default)
+        self.assertEqual(mode_state(), PLAIN)
+
+    # set_multithreading_enabled, unlike set_grad_enabled,
+    # enforce_grad_layout_policy and _force_original_view_tracking, has no
+    # __call__ that undoes what its constructor did:
+    # ``@torch.autograd.set_multithreading_enabled(False)`` on a function turns
+    # multithreaded backward off for the whole thread from the decorator line
+    # on.  This pins that behaviour; a __call__ like the others' would change
+    # it.
+    def test_set_multithreading_enabled_decorator_line(self):
+        try:
+
+            @torch.autograd.set_multithreading_enabled(False)
+            def plain():
+                return torch._C._is_multithreading_enabled()
+
+            self.assertTrue(torch._C._is_multithreading_enabled())
+            self.assertFalse(plain())
+        finally:
+            torch._C._set_multithreading_enabled(True)
+
+    def test_inference_mode_object_kept_alive(self):
+        # The guard must be exited at the end of the block, not when the
+        # inference_mode object happens to be freed.
+        cm = torch.inference_mode()
+        for _ in range(2):
+            with cm:
+                self.assertTrue(torch.is_inference_mode_enabled())
+            self.assertFalse(torch.is_inference_mode_enabled())
+            self.assertEqual(mode_state(), PLAIN)
+
+    def test_enforce_grad_layout_policy_default(self):
+        # Without an argument it enforces the layout contract (enable=True).
+        from torch.autograd.grad_mode import enforce_grad_layout_policy
+
+        query = torch._C._is_grad_layout_enforcement_enabled
+        with enforce_grad_layout_policy(False):
+            with enforce_grad_layout_policy():
+                self.assertTrue(query())
+            self.assertFalse(query())
+        self.assertTrue(query())
+
+    @parametrize("switch", ["_force_original_view_tracking", "set_grad_enabled"])
+    def test_one_object_entered_twice(self, switch):
+        # The constructor switches the setting (the function form), __exit__
+        # puts the old value back, and a second ``with`` on the same object
+        # switches it again: __enter__ applies the mode too.
+        # (set_multithreading_enabled and enforce_grad_layout_policy apply it
+        # only in the constructor, so they are not reusable.)
+        if switch == "set_grad_enabled":
+            cls, query, default = torch.set_grad_enabled, torch.is_grad_enabled, True
+        else:
+            cls, query, default = SWITCHES[switch]
+        cm = cls(not default)
+        for _ in range(2):
+            with cm:
+                self.assertEqual(query(), not default)
+            self.assertEqual(query(), default)
+
+    @parametrize("switch", list(SWITCHES))
+    def test_function_form(self, switch):
+        cls, query, default = SWITCHES[switch]
+        cm = cls(not default)
+        try:
+            self.assertEqual(query(), not default)
+        finally:
+            cm.__exit__(None, None, None)
+        self.assertEqual(query(), default)
+
+    def test_unsafe_preserve_version_counter(self):
+        from torch.autograd.grad_mode import _unsafe_preserve_version_counter
+
+        a, b = torch.zeros(2), torch.zeros(2)
+        versions = (a._version, b._version)
+        for tensors in (a, (a, b)):
+            with _unsafe_preserve_version_counter(tensors):
+                a.add_(1)
+                b.add_(1)
+                self.assertNotEqual((a._version, b._version), versions)
+            restored = (a._version, b._version)
+            self.assertEqual(restored[0], versions[0])
+            self.assertEqual(
+                restored[1], versions[1] if isinstance(tensors, tuple) else restored[1]
+            )
+            versions = (a._version, b._version)
+
+        # Not usable as a decorator (it has no clone() for its argument).
+        with self.assertRaises(AssertionError):
+            _unsafe_preserve_version_counter([a])
+
+    def test_enter_and_exit_inference_mode_helpers(self):
+        # Private helpers torch.compile's generated code calls.
+        from torch.autograd.grad_mode import _enter_inference_mode, _exit_inference_mode
+
+        guard = _enter_inference_mode(True)
+        self.assertIsNotNone(guard)
+        self.assertEqual(mode_state(), INFERENCE)
+        _exit_inference_mode(guard)
+        self.assertEqual(mode_state(), PLAIN)
+
+    def test_base_class_is_abstract(self):
+        cm = _DecoratorContextManager()
+        with self.assertRaises(NotImplementedError):
+            cm.__enter__()
+        with self.assertRaises(NotImplementedError):
+            cm.__exit__(None, None, None)
+        self.assertIsInstance(cm.clone(), _DecoratorContextManager)
+
+    def test_context_decorator_refuses_class(self):
+        class Model:
+            pass
+
+        with self.assertRaisesRegex(RuntimeError, "[Cc]annot decorate classes"):
+            context_decorator(lambda: torch.no_grad(), Model)
+
+
+instantiate_parametrized_tests(TestGradModeGenerators)
+instantiate_parametrized_tests(TestGradModeBodyContinuity)
+instantiate_parametrized_tests(TestGradModeCallerIsolation)
+instantiate_parametrized_tests(TestGradModeGeneratorProtocol)
+instantiate_parametrized_tests(TestGradModeAsyncCoroutines)
+instantiate_parametrized_tests(TestGradModeAsyncGenerators)
+instantiate_parametrized_tests(TestGradModeAsyncTaskIsolation)
+instantiate_parametrized_tests(TestGradModeAsyncCancellation)
+instantiate_parametrized_tests(TestGradModeAsyncProtocol)
+instantiate_parametrized_tests(TestGradModeFaults)
+instantiate_parametrized_tests(TestGradModeGarbageCollection)
+instantiate_parametrized_tests(TestGradModeBadInput)
+instantiate_parametrized_tests(TestGradModeDriverDetails)
+instantiate_parametrized_tests(TestGradModeOtherContextManagers)
+
+
+if __name__ == "__main__":
+    run_tests()
