@@ -499,7 +499,9 @@ class _unsafe_preserve_version_counter(_DecoratorContextManager):
     def __init__(self, tensors: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         self.tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(self.tensors, tuple):
-            raise AssertionError(f"tensors must be a tensor or a tuple of tensors, not {type(tensors).__name__}")
+            raise AssertionError(
+                f"tensors must be a tensor or a tuple of tensors, not {type(tensors).__name__}"
+            )
         self.prev_versions = tuple(t._version for t in self.tensors)
 
     def __enter__(self) -> None:

@@ -280,7 +280,13 @@ def _forget_step_locals(tb):
 
 _STEP_CODES = frozenset(
     f.__code__
-    for f in (_BodyMode.step, _BodyMode._run, _BodyMode._step, _ReenteringBodyMode._step, _without_dynamo)
+    for f in (
+        _BodyMode.step,
+        _BodyMode._run,
+        _BodyMode._step,
+        _ReenteringBodyMode._step,
+        _without_dynamo,
+    )
 )
 
 
@@ -321,7 +327,9 @@ def _driver(start):
                 # (which holds this frame) would keep it alive.
                 try:
                     state = mode.state
-                    if state is None or (eager and _get_eval_frame_callback() is not None):
+                    if state is None or (
+                        eager and _get_eval_frame_callback() is not None
+                    ):
                         # A re-entered context, or Dynamo to keep out.
                         response = mode.step(method, arg)
                     else:
@@ -391,7 +399,9 @@ def _async_driver(start):
                 # As in _driver.
                 try:
                     state = mode.state
-                    if state is None or (eager and _get_eval_frame_callback() is not None):
+                    if state is None or (
+                        eager and _get_eval_frame_callback() is not None
+                    ):
                         response = mode.step(method, arg)
                     else:
                         caller = _swap_autograd_mode_state(state)
@@ -434,7 +444,10 @@ def _after_failure(mode, body):
     if _is_suspended(body):
         # The step failed outside the body: see _BodyMode.abandon.
         mode.abandon(body.close)
-    elif isinstance(body, types.CoroutineType) and inspect.getcoroutinestate(body) == inspect.CORO_CREATED:
+    elif (
+        isinstance(body, types.CoroutineType)
+        and inspect.getcoroutinestate(body) == inspect.CORO_CREATED
+    ):
         # The first step failed before the coroutine started: closing it runs
         # none of its code, and keeps Python from warning that it was never
         # awaited -- our caller did await it.
@@ -499,7 +512,9 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
         # only when the cyclic collector reaches the body before this wrapper,
         # closes it in its mode too.
         hooks = sys.get_asyncgen_hooks()
-        sys.set_asyncgen_hooks(firstiter=None, finalizer=functools.partial(_finalize_async_generator, mode))
+        sys.set_asyncgen_hooks(
+            firstiter=None, finalizer=functools.partial(_finalize_async_generator, mode)
+        )
         try:
             pending = agen.asend(None)
         finally:
@@ -514,7 +529,9 @@ def _wrap_async_generator(ctx_factory, func, *, reenter=True):
                 # _BodyMode.abandon.  (The driver cannot do this for us: it
                 # sees the awaitable, not the async generator.)
                 if getattr(agen, "ag_frame", None) is not None:
-                    mode.abandon(functools.partial(_close_async_generator, agen, pending))
+                    mode.abandon(
+                        functools.partial(_close_async_generator, agen, pending)
+                    )
                 raise
             finally:
                 # An athrow awaitable holds the thrown exception, whose
@@ -739,6 +756,8 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
         # The classes that define an ``__init__``, in MRO order: the first one's
         # runs, and its ``super().__init__()`` reaches the second one's.
         defining = [klass for klass in cls.__mro__ if "__init__" in vars(klass)]
-        cooperative = len(defining) > 1 and vars(defining[1])["__init__"] is not object.__init__
+        cooperative = (
+            len(defining) > 1 and vars(defining[1])["__init__"] is not object.__init__
+        )
         if cooperative is not cls._cooperative_init:
             cls._cooperative_init = cooperative
