@@ -17,128 +17,32 @@ Both return the same kind of record -- every mode the body observed, every
 request's outcome -- so one ``==`` compares them.
 """
 
-import contextlib
 import gc
-import threading
+import os
+import sys
 
 import torch
 
+# The upstream-bound tests own the helpers (tables of decorators, blocks and
+# caller modes, the whole-state probe, the own-thread runner): use theirs.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "test", "autograd"))
+from test_grad_mode_state import autograd_state  # noqa: E402
+from test_grad_mode_suspend import (  # noqa: E402
+    BLOCKS,
+    Boom,
+    CALLER_SETUPS,
+    context_of,
+    DECORATORS,
+    enter_all,
+    on_own_thread,
+)
 
-class Boom(Exception):
-    """The exception random bodies raise, catch, and have thrown at them."""
-
-
-def mode_state():
-    """Grad mode and inference mode: the short view the hand-written tests spell out."""
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-
-
-def autograd_state():
-    """The whole autograd mode state a body or a caller can observe, for the oracles.
-
-    Every ``AutogradState`` flag the Python API exposes, and the thread's
-    local dispatch key sets: the bits inference mode toggles and, so that a
-    change to any other bit shows too, all the rest.
-    """
-    C = torch._C
-    return (
-        C.is_grad_enabled(),
-        C.is_inference_mode_enabled(),
-        C._is_fwd_grad_enabled(),
-        C._is_multithreading_enabled(),
-        C._is_view_replay_enabled(),
-        C._is_grad_layout_enforcement_enabled(),
-        C._get_graph_exec_group(),
-        repr(C._dispatch_tls_local_include_set()),
-        repr(C._dispatch_tls_local_exclude_set()),
-    )
-
-
-# Every grad-mode decorator, in every spelling.  A factory returns what goes
-# after the ``@``.
-DECORATORS = [
-    ("no_grad()", lambda: torch.no_grad()),
-    ("no_grad", lambda: torch.no_grad),
-    ("enable_grad()", lambda: torch.enable_grad()),
-    ("enable_grad", lambda: torch.enable_grad),
-    ("set_grad_enabled(False)", lambda: torch.set_grad_enabled(False)),
-    ("set_grad_enabled(True)", lambda: torch.set_grad_enabled(True)),
-    ("inference_mode()", lambda: torch.inference_mode()),
-    ("inference_mode", lambda: torch.inference_mode),
-    ("inference_mode(False)", lambda: torch.inference_mode(False)),
-]
-
-# Mode blocks a body opens: (source text, factory).
-BLOCKS = [
-    ("torch.no_grad()", torch.no_grad),
-    ("torch.enable_grad()", torch.enable_grad),
-    ("torch.set_grad_enabled(True)", lambda: torch.set_grad_enabled(True)),
-    ("torch.set_grad_enabled(False)", lambda: torch.set_grad_enabled(False)),
-    ("torch.inference_mode()", torch.inference_mode),
-    ("torch.inference_mode(False)", lambda: torch.inference_mode(False)),
-    # Autograd state the grad-mode decorators own without setting it.
-    ("torch.autograd.set_multithreading_enabled(False)", lambda: torch.autograd.set_multithreading_enabled(False)),
-    ("torch.autograd.grad_mode._force_original_view_tracking(True)",
-     lambda: torch.autograd.grad_mode._force_original_view_tracking(True)),
-    ("torch.autograd.forward_ad._set_fwd_grad_enabled(False)",
-     lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False)),
-]
-
-# Modes a caller may be in: (name, context managers to enter in order).
-CALLER_SETUPS = [
-    ("plain", []),
-    ("no_grad", [torch.no_grad]),
-    ("inference_mode", [torch.inference_mode]),
-    ("inference_mode+enable_grad", [torch.inference_mode, torch.enable_grad]),
-    ("no_grad+inference_mode(False)", [torch.no_grad, lambda: torch.inference_mode(False)]),
-    ("no multithreading", [lambda: torch.autograd.set_multithreading_enabled(False)]),
-    ("view replay+no_grad", [lambda: torch.autograd.grad_mode._force_original_view_tracking(True), torch.no_grad]),
-    ("no forward AD", [lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False)]),
-    ("relaxed layout+inference_mode",
-     [lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(False), torch.inference_mode]),
-]
-
-
-def context_of(make):
-    """The context manager a decorator factory stands for (bare spellings give a class)."""
-    ctx = make()
-    return ctx() if isinstance(ctx, type) else ctx
-
-
-@contextlib.contextmanager
-def enter_all(factories):
-    with contextlib.ExitStack() as stack:
-        for factory in factories:
-            stack.enter_context(factory())
-        yield
-
-
-def on_own_thread(fn):
-    """Run ``fn()`` on a new thread (fresh grad-mode state) and return its result."""
-    box = {}
-
-    def target():
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # noqa: B902 -- re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def state_inside(make, *blocks):
-    """The mode a body sees inside decorator *make* (and *blocks*) from the default state."""
-
-    def probe():
-        with context_of(make), enter_all(blocks):
-            return mode_state()
-
-    return on_own_thread(probe)
+# The tables by position: a program names its decorator and caller modes by
+# index, so that one random draw picks one.
+DECORATOR_LIST = list(DECORATORS.items())
+CALLER_LIST = list(CALLER_SETUPS.items())
+BLOCK_NAMES = list(BLOCKS)
 
 
 class Program:
@@ -146,13 +50,13 @@ class Program:
 
     def __init__(self, source, decorator, driver, kind="generator"):
         self.source = source
-        self.decorator = decorator  # index into DECORATORS
-        self.driver = driver  # [(request, caller setup index)]
+        self.decorator = decorator  # index into DECORATOR_LIST
+        self.driver = driver  # [(request, index into CALLER_LIST)]
         self.kind = kind
 
     def body(self):
         """A fresh undecorated body function compiled from the source."""
-        namespace = {"torch": torch, "Boom": Boom}
+        namespace = {"torch": torch, "Boom": Boom, "blocks": BLOCKS}
         exec(self.source, namespace)
         return namespace["body"]
 
@@ -169,9 +73,9 @@ class Program:
         return self.driver[-1][1]
 
     def describe(self):
-        name = DECORATORS[self.decorator][0]
-        steps = ", ".join(f"{req}@{CALLER_SETUPS[c][0]}" for req, c in self.driver)
-        return f"@torch.{name}\n{self.source}\ndriver: {steps}"
+        name = DECORATOR_LIST[self.decorator][0]
+        steps = ", ".join(f"{req}@{CALLER_LIST[c][0]}" for req, c in self.driver)
+        return f"decorator: {name}\n{self.source}\ndriver: {steps}"
 
 
 class _BodyWriter:
@@ -225,7 +129,7 @@ class _BodyWriter:
                 self.emit(depth, f"return {t}" if self.kind != "async_generator" else "return")
             return
         if roll < 0.75:
-            self.emit(depth, f"with {rng.choice(BLOCKS)[0]}:")
+            self.emit(depth, f"with blocks[{rng.choice(BLOCK_NAMES)!r}]():")
             self.block(depth + 1, budget - 1)
         elif roll < 0.9:
             self.emit(depth, "try:")
@@ -265,9 +169,9 @@ def generate_program(rng, kind="generator"):
     driver = []
     for _ in range(rng.randint(1, 8)):
         req = rng.choice(requests)
-        driver.append((req, rng.randrange(len(CALLER_SETUPS))))
-    driver.append(("close", rng.randrange(len(CALLER_SETUPS))))
-    return Program(source, rng.randrange(len(DECORATORS)), driver, kind)
+        driver.append((req, rng.randrange(len(CALLER_LIST))))
+    driver.append(("close", rng.randrange(len(CALLER_LIST))))
+    return Program(source, rng.randrange(len(DECORATOR_LIST)), driver, kind)
 
 
 def _request(gen, req, n):
@@ -294,8 +198,8 @@ def run_oracle_generator(program):
         log = []
         gen = program.body()(lambda tag: log.append((tag, autograd_state())))
         outcomes = []
-        first_setup = CALLER_SETUPS[program.first_entry_setup()][1]
-        with enter_all(first_setup), context_of(DECORATORS[program.decorator][1]):
+        first_setup = CALLER_LIST[program.first_entry_setup()][1]
+        with enter_all(first_setup), context_of(DECORATOR_LIST[program.decorator][1]):
             for n, (req, _) in enumerate(program.driver):
                 outcomes.append(_request(gen, req, n))
         # Snapshot before the generator is dropped: a body that ignored
@@ -315,11 +219,11 @@ def run_oracle_generator(program):
 def run_subject_generator(program):
     """Record the decorated body, run on this thread while the caller's mode changes."""
     log = []
-    decorated = DECORATORS[program.decorator][1]()(program.body())
+    decorated = DECORATOR_LIST[program.decorator][1]()(program.body())
     gen = decorated(lambda tag: log.append((tag, autograd_state())))
     outcomes = []
     for n, (req, setup) in enumerate(program.driver):
-        with enter_all(CALLER_SETUPS[setup][1]):
+        with enter_all(CALLER_LIST[setup][1]):
             before = autograd_state()
             outcomes.append(_request(gen, req, n))
             after = autograd_state()
