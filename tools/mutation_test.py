@@ -47,13 +47,13 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"]
 OWNED = TARGETS  # modules the checkout owns and the mutant tree must hold as files
 TEST_FILES = [
-    "test/test_autograd.py",
-    "test/test_grad_mode_reliability.py",
-    "test/test_grad_mode_async.py",
-    "test/test_grad_mode_state.py",
+    "test/autograd/test_grad_mode_suspend.py",
+    "test/autograd/test_grad_mode_state.py",
+    "project_tests/test_grad_mode_property.py",
+    "project_tests/test_grad_mode_anyio.py",
 ]
-TEST_HELPERS = ["test/grad_mode_programs.py"]
-OPTIONAL_TEST_FILES = ["test/test_grad_mode_compat.py"]  # slow: only with --tests
+TEST_HELPERS = ["project_tests/grad_mode_programs.py"]
+OPTIONAL_TEST_FILES = ["project_tests/test_grad_mode_compat.py"]  # slow: only with --tests
 DEFAULT_PYTHON = os.path.join(CHECKOUT, ".venv", "bin", "python")
 TEST_ENV = {
     "GRAD_MODE_PROPERTY_PROGRAMS": "100",
