@@ -514,7 +514,7 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
         @torch.no_grad()
         def gen():
             yield 1
-            return "done"
+            return "done"  # noqa: B901
 
         def outer():
             return (yield from gen())
@@ -3198,11 +3198,11 @@ class TestGradModeDriverDetails(GradModeTestCase):
         else:
             # Before Python 3.12: look like a coroutine function to inspect, as
             # unittest.mock.AsyncMock does, with a coroutine's code object.
-            class Marked:
-                async def _code():
-                    pass
+            async def code():
+                pass
 
-                __code__ = _code.__code__
+            class Marked:
+                __code__ = code.__code__
                 __name__ = "marked"
                 __defaults__ = __kwdefaults__ = None
                 __annotations__ = {}
