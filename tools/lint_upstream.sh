@@ -143,11 +143,17 @@ report flake8 $rc "$n files; $(grep -cE '^[^ ]+:[0-9]+:[0-9]+: ' "$WORK/out") fi
 # --- the link tree for mypy and pyrefly -----------------------------------
 if [ ${#torch_files[@]} -gt 0 ]; then
     TREE=$WORK/tree
-    owned=("${torch_files[@]}")
-    if [ $STOCK -eq 1 ]; then
-        owned=()  # the wheel's own modules stay in the tree
-    fi
-    TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG/autograd_mode_state.pyi" ${owned[@]+"${owned[@]}"} <<'EOF'
+    # PATH=TARGET pairs: the tree's torch/PATH links to TARGET (the checkout's
+    # module, or with --stock the wheel's own).
+    owned=()
+    for f in "${torch_files[@]}"; do
+        if [ $STOCK -eq 1 ]; then
+            owned+=("${f#torch/}=$WHEEL/${f#torch/}")
+        else
+            owned+=("${f#torch/}=$ROOT/$f")
+        fi
+    done
+    TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG/autograd_mode_state.pyi" "${owned[@]}" <<'EOF'
 import importlib.util
 import os
 import shutil
@@ -157,7 +163,7 @@ tree, stub_extra, *owned = sys.argv[1:]
 wheel = os.path.dirname(importlib.util.find_spec("torch").origin)
 stub = "_C/__init__.pyi"
 # Paths under torch/ that the tree replaces; their parents become real dirs.
-replaced = {os.path.relpath(path, "torch"): os.path.abspath(path) for path in owned}
+replaced = dict(pair.split("=", 1) for pair in owned)
 replaced[stub] = None
 dirs = {""}
 for rel in replaced:
@@ -193,7 +199,7 @@ elif [ $tree_rc -ne 0 ]; then
     report mypy 1 "could not build the link tree"
 else
     (cd "$TREE" && run mypy "$ROOT/$PY" -m mypy --config-file "$ROOT/$CFG/mypy.ini" \
-        --cache-dir "$WORK/mypy-cache" --python-executable "$ROOT/$PY" "${torch_files[@]}")
+        --cache-dir "$WORK/mypy-cache$([ $STOCK -eq 1 ] && echo -stock)" --python-executable "$ROOT/$PY" "${torch_files[@]}")
     rc=$?
     report mypy $rc "${#torch_files[@]} files; $(grep -c ': error:' "$WORK/out") errors"
 fi
