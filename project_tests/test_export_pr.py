@@ -158,7 +158,8 @@ class TestExport(ExportTestCase):
             if path == "test/test_autograd.py":
                 # One import statement per new test module, however many classes it names.
                 self.assertEqual(removed, "0", path)
-                added_lines = re.findall(r"^\+(?!\+\+)(.*)$", patch.split(f"b/{path}\n", 1)[1].split("diff --git")[0], re.M)
+                hunks = patch.split(f"b/{path}\n", 1)[1].split("diff --git")[0]
+                added_lines = re.findall(r"^\+(?!\+\+)(.*)$", hunks, re.M)
                 statements = ast.parse("\n".join(added_lines)).body
                 self.assertEqual(len(statements), 2)
                 for statement in statements:
@@ -216,7 +217,8 @@ class TestExport(ExportTestCase):
         with open(export_pr.DESCRIPTION) as f:
             description = f.read()
         subject = description.splitlines()[0]
-        self.assertIn(f"Subject: [PATCH] {subject}\n", patch)
+        headers = patch.split("\n\n", 1)[0].replace("\n ", " ")  # git folds long header lines
+        self.assertIn(f"Subject: [PATCH] {subject}\n", headers + "\n")
         # Markdown headings survive (git's default cleanup would drop them as comments).
         for heading in ("## Summary", "## Motivation", "## BC-breaking note", "## Test plan", "## Proposed stack"):
             self.assertIn(f"\n{heading}\n", patch)

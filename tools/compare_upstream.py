@@ -97,6 +97,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     root = os.path.abspath(args.upstream_dir)
+    if os.sep in args.python:
+        args.python = os.path.abspath(args.python)  # each run starts in its test file's folder
     if args.patch and not os.path.isfile(args.patch):
         parser.error(f"--patch {args.patch}: no such file")
     work = tempfile.mkdtemp(prefix="compare_upstream-") if args.patch else None
@@ -137,7 +139,8 @@ def main(argv=None):
         if short:
             print(f"  PATCHED RUN RAN FEWER TESTS ({patched_res['ran']} < {stock_res['ran']}): see its output")
         if args.patch:
-            print(f"  tests the patch added to this run: {added}" + ("  (NONE: is the import wired?)" if none_added else ""))
+            warn = "  (NONE: is the import wired?)" if none_added else ""
+            print(f"  tests the patch added to this run: {added}{warn}")
         print(f"  new failures (patched only): {len(new)}")
         for t in new:
             print(f"    {t}")

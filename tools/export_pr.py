@@ -124,7 +124,7 @@ def wire_module_init(text, path):
     m = anchor.search(text)
     if not m:
         raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's init after")
-    return text[: m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end() :]
+    return text[:m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end():]
 
 
 def wire_build_list(text, path):
@@ -149,7 +149,7 @@ def wire_stubs(text, path):
     m = anchor.search(text)
     if not m:
         raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs before")
-    return text[: m.start()] + block + text[m.start() :]
+    return text[:m.start()] + block + text[m.start():]
 
 
 def wire_trace_rules(text, path):
@@ -181,7 +181,7 @@ def wire_notes_link(text, path):
         "How the grad-mode decorators treat generators, coroutines and async\n"
         f"generators is described in {{doc}}`{NOTES_PAGE}`.\n"
     )
-    return text[: m.end()] + note + text[m.end() :]
+    return text[:m.end()] + note + text[m.end():]
 
 
 WIRING = {
@@ -213,7 +213,9 @@ def check_tree(upstream):
             with open(where) as f:
                 m = re.search(pattern, f.read())
             if m and not re.match(re.escape(TORCH_VERSION) + r"(\.|$)", m.group(1)):
-                raise ExportError(f"--upstream {upstream}: PyTorch {m.group(1)} ({name}); this patch is for v{TORCH_VERSION}")
+                raise ExportError(
+                    f"--upstream {upstream}: PyTorch {m.group(1)} ({name}); this patch is for v{TORCH_VERSION}"
+                )
 
 
 def export(upstream, out, skip_missing=False):

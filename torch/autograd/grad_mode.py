@@ -50,6 +50,13 @@ class no_grad(_NoParamDecoratorContextManager):
       body until the body leaves that block.  The decorated function keeps its
       kind for :mod:`inspect`.
 
+    .. versionchanged:: 2.14
+        As a decorator, it covers the body of an ``async def`` coroutine or an
+        async generator (it used to cover only the call that created it), and
+        a generator's body keeps a mode block of its own across ``yield``
+        without leaking it to the caller (the decorator used to override it
+        at every resume).  See :ref:`grad-mode-suspend-doc`.
+
     .. note::
         :ref:`locally-disable-grad-doc` compares this with the other ways
         of turning gradient tracking off or on for part of a program.
@@ -128,6 +135,11 @@ class enable_grad(_NoParamDecoratorContextManager):
     coroutine or async generator, step by step, exactly as described for
     :class:`~no_grad`, and leaves the caller's mode as it was after every step.
 
+    .. versionchanged:: 2.14
+        As a decorator, it covers ``async def`` and async-generator bodies,
+        and generator bodies keep their own mode blocks across ``yield``, as
+        for :class:`~no_grad`.
+
     .. note::
         :ref:`locally-disable-grad-doc` compares this with the other ways
         of turning gradient tracking off or on for part of a program.
@@ -178,6 +190,14 @@ class set_grad_enabled(_DecoratorContextManager):
     itself leaves the mode as it was.
 
     The mode is thread-local: other threads keep their own.
+
+    .. versionchanged:: 2.14
+        As a decorator, it covers ``async def`` and async-generator bodies,
+        and generator bodies keep their own mode blocks across ``yield``, as
+        for :class:`~no_grad`.  Called as a function inside a decorated
+        generator, ``torch.set_grad_enabled(mode)`` now sets the body's mode
+        until the body changes it again, across ``yield`` (it used to be
+        undone at the next resume, and seen by the caller until then).
 
     Args:
         mode (bool): ``True`` to turn gradient tracking on, ``False`` to turn
@@ -254,8 +274,15 @@ class inference_mode(_DecoratorContextManager):
     coroutine or async generator, step by step, as described for
     :class:`~no_grad`: an async model server's ``async def`` endpoint or
     token-streaming async generator computes in inference mode at every step,
-    while other tasks on the same event loop keep their own modes (before this
-    release the decorator did nothing for ``async def`` functions).
+    while other tasks on the same event loop keep their own modes.
+
+    .. versionchanged:: 2.14
+        As a decorator, it covers ``async def`` and async-generator bodies
+        (it used to do nothing for them), and generator bodies keep their own
+        mode blocks across ``yield`` without leaking inference mode to the
+        caller.  ``mode`` must be a ``bool`` (or the function to decorate):
+        other values, such as ``0`` or ``None``, raise :class:`TypeError`
+        instead of being tested for truth.
 
     .. note::
         :ref:`locally-disable-grad-doc` compares inference mode with the
@@ -356,6 +383,11 @@ class set_multithreading_enabled(_DecoratorContextManager):
     The setting takes effect when the object is created, so it works as a
     plain function call, and is undone on leaving a ``with`` block; it also
     works as a decorator.  It is thread-local.
+
+    .. versionchanged:: 2.14
+        As a decorator, ``@set_multithreading_enabled(mode)`` applies the
+        setting to the decorated function's calls only; the decoration line
+        used to switch it for the rest of the thread's work as well.
 
     Args:
         mode (bool): ``True`` to allow worker threads, ``False`` to run the
@@ -479,10 +511,10 @@ class _unsafe_preserve_version_counter(_DecoratorContextManager):
     r"""Hide in-place changes to some tensors from autograd's version counters.
 
     .. warning::
-        Only for code that knows exactly what it is doing: autograd uses
-        version counters to detect tensors modified after being saved for
-        backward, and hiding a modification can silently corrupt gradients
-        anywhere in the program.
+        Do not use this unless you know exactly why you need it.  Autograd
+        uses version counters to detect tensors modified after being saved
+        for backward; hiding a modification can silently corrupt gradients
+        anywhere in the program, including code this block never touches.
 
     On leaving the block, each tensor's version counter is set back to its
     value on entering it.  A legitimate use is freeing the storage of a very

@@ -680,7 +680,15 @@ def context_decorator(ctx, func, *, effect=None):
 
 
 class _DecoratorContextManager:
-    """Allow a context manager to be used as a decorator."""
+    """Allow a context manager to be used as a decorator.
+
+    .. versionchanged:: 2.14
+        Generators, ``async def`` coroutines and async generators get a fresh
+        context around every step, and their autograd mode state is carried
+        with the body: a mode the body sets itself stays in force across
+        ``yield`` and ``await`` (the context used to override it at every
+        step), and the caller gets its own back after every step.
+    """
 
     def __call__(self, orig_func: F) -> F:
         if inspect.isclass(orig_func):
