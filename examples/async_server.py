@@ -35,7 +35,7 @@ Run it (it listens on 127.0.0.1 only)::
     curl -s 'localhost:8000/stream?n=3'
     curl -s localhost:8000/training
 
-``test/test_async_server.py`` starts it as a subprocess and load-tests it.
+``project_tests/test_async_server.py`` starts it as a subprocess and load-tests it.
 """
 
 import argparse
