@@ -234,10 +234,82 @@ class TestExport(ExportTestCase):
         git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
         os.remove(self.out)
         err = self.export_fails()
-        self.assertIn("already contains", err)
+        self.assertIn("DIR carries", err)
+
+    def test_partly_patched_tree_is_refused(self):
+        for path in ("torch/csrc/autograd/python_autograd_mode_state.cpp", "test/autograd/test_grad_mode_suspend.py"):
+            with self.subTest(path=path):
+                full = os.path.join(self.tree, path)
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "w") as f:
+                    f.write("// an older copy\n")
+                err = self.export_fails()
+                self.assertIn(f"already has {path}", err)
+                os.remove(full)
+        with open(os.path.join(ROOT, "torch/utils/_contextlib.py")) as ours:
+            with open(os.path.join(self.tree, "torch/utils/_contextlib.py"), "w") as theirs:
+                theirs.write(ours.read())
+        self.assertIn("torch/utils/_contextlib.py is already this checkout's", self.export_fails())
+        with open(os.path.join(self.tree, "torch/utils/_contextlib.py"), "w") as theirs:
+            theirs.write(STAND_INS["torch/utils/_contextlib.py"])
+        os.remove(os.path.join(self.tree, "torch/autograd/grad_mode.py"))
+        self.assertIn("lacks torch/autograd/grad_mode.py, which the patch replaces", self.export_fails())
+
+    def test_crlf_and_non_utf8_are_refused(self):
+        path = os.path.join(self.tree, "torch/csrc/Module.cpp")
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data.replace(b"\n", b"\r\n"))
+        self.assertIn("torch/csrc/Module.cpp has CRLF line endings", self.export_fails())
+        with open(path, "wb") as f:
+            f.write(data + b"// caf\xe9\n")
+        self.assertIn("torch/csrc/Module.cpp is not UTF-8", self.export_fails())
+
+    def test_bad_out(self):
+        for out, message in (
+            (self.tmp, "is a directory"),
+            (os.path.join(self.tmp, "no", "pr.patch"), "no such directory"),
+            ("", "--out is empty"),
+        ):
+            with self.subTest(out=out):
+                proc = run_export("--upstream", self.tree, "--out", out)
+                self.assertEqual(proc.returncode, 2)
+                self.assertIn(message, proc.stderr)
+                self.assertNotIn("Traceback", proc.stderr)
+
+    def test_user_git_settings_do_not_reach_the_patch(self):
+        first, _ = self.export_ok()
+        config = os.path.join(self.tmp, "gitconfig")
+        with open(config, "w") as f:
+            f.write("[diff]\n\tnoprefix = true\n\tcontext = 7\n[format]\n\tsignOff = true\n"
+                    "[commit]\n\tgpgsign = true\n[core]\n\tabbrev = 7\n")
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        os.makedirs(elsewhere)
+        git(elsewhere, "init", "-q")
+        env = dict(os.environ, GIT_CONFIG_GLOBAL=config, GIT_DIR=os.path.join(elsewhere, ".git"))
+        proc = subprocess.run([sys.executable, EXPORT, "--upstream", self.tree, "--out", self.out],
+                              capture_output=True, text=True, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(self.out) as f:
+            self.assertEqual(f.read(), first)
+        # Nothing was committed to the repository GIT_DIR named.
+        log = subprocess.run(["git", "log", "--all", "--oneline"], cwd=elsewhere, capture_output=True, text=True)
+        self.assertEqual(log.stdout, "")
 
 
 class TestExportRefusals(ExportTestCase):
+    def test_lists_are_searched_only_inside(self):
+        files = dict(STAND_INS)
+        files["build_variables.bzl"] = (
+            'libtorch_python_core_sources = [\n    "torch/csrc/DataLoader.cpp",\n]\n\n'
+            'other_sources = [\n    "torch/csrc/autograd/python_variable.cpp",\n]\n'
+        )
+        make_tree(self.tree, files)
+        err = self.export_fails()
+        self.assertIn("build_variables.bzl: no line matching", err)
+        self.assertIn("libtorch_python_core_sources", err)
+
     def test_missing_wiring_target(self):
         files = dict(STAND_INS)
         del files["torch/csrc/Module.cpp"]

@@ -29,7 +29,6 @@ import argparse
 import ast
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,8 @@ BINDING_HEADER = "torch/csrc/autograd/python_autograd_mode_state.h"
 BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
 BINDING_INIT = "torch::autograd::init_autograd_mode_state(module);"
 NOTES_PAGE = "grad_mode_suspend"
+# The upstream modules the patch replaces whole; every other listed file is new.
+REPLACED = ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py")
 # Every torch._C name the binding adds; Dynamo's trace rules must know each.
 BINDING_NAMES = (
     "torch._C._get_autograd_mode_state",
@@ -127,17 +128,25 @@ def wire_module_init(text, path):
     return text[:m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end():]
 
 
+def _in_list(text, path, opener, closer, edit):
+    """Apply ``edit`` to the block from ``opener`` to the first ``closer`` after it, only."""
+    start = text.find(opener)
+    end = text.find(closer, start) if start >= 0 else -1
+    if end < 0:
+        raise ExportError(f"{path}: no {opener.strip()!r} ... {closer.strip()!r} list to edit")
+    return text[:start] + edit(text[start:end]) + text[end:]
+
+
 def wire_build_list(text, path):
     """Add the binding's source to ``libtorch_python_core_sources``."""
     _already(text, path, BINDING_SOURCE)
-    start = text.find("libtorch_python_core_sources = [")
-    if start < 0:
-        raise ExportError(f"{path}: no 'libtorch_python_core_sources = [' list to add {BINDING_SOURCE} to")
-    head, tail = text[:start], text[start:]
-    tail = _insert_sorted(
-        tail, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{BINDING_SOURCE}",\n', "the binding's source"
+    return _in_list(
+        text, path, "libtorch_python_core_sources = [", "\n]",
+        lambda block: _insert_sorted(
+            block, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{BINDING_SOURCE}",\n',
+            "the binding's source in libtorch_python_core_sources",
+        ),
     )
-    return head + tail
 
 
 def wire_stubs(text, path):
@@ -159,14 +168,18 @@ def wire_trace_rules(text, path):
     them and graph-breaks, as it does for ``torch._C._set_grad_enabled``'s
     neighbours that return or take non-tensors.
     """
-    start = text.find("torch_c_binding_in_graph_functions = dict.fromkeys(")
-    if start < 0:
-        raise ExportError(f"{path}: no 'torch_c_binding_in_graph_functions = dict.fromkeys(' to list the binding in")
-    head, tail = text[:start], text[start:]
     for name in BINDING_NAMES:
         _already(text, path, f'"{name}"')
-        tail = _insert_sorted(tail, path, r'\s+"torch\._C\._', f'        "{name}",\n', f"the trace rule of {name}")
-    return head + tail
+
+    def edit(block):
+        for name in BINDING_NAMES:
+            block = _insert_sorted(
+                block, path, r'\s+"torch\._C\._', f'        "{name}",\n',
+                f"the trace rule of {name} in torch_c_binding_in_graph_functions",
+            )
+        return block
+
+    return _in_list(text, path, "torch_c_binding_in_graph_functions = dict.fromkeys(", "\n    ],", edit)
 
 
 def wire_notes_link(text, path):
@@ -194,86 +207,156 @@ WIRING = {
 }
 
 
+# Git's settings a user or a hook may have (diff.noprefix, format.signOff,
+# commit.gpgsign, GIT_DIR, ...) change or break the patch: run git with none.
+_GIT_CONFIG = ("-c", "core.autocrlf=false", "-c", "core.abbrev=12", "-c", "diff.context=3",
+               "-c", "diff.algorithm=myers", "-c", "commit.gpgsign=false", "-c", "i18n.commitEncoding=UTF-8")
+
+
+def _git_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", LC_ALL="C")
+    env.update(extra or {})
+    return env
+
+
 def _git(cwd, *args, env=None):
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(["git", *_GIT_CONFIG, *args], cwd=cwd, capture_output=True, env=env or _git_env())
     if proc.returncode:
-        raise ExportError(f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}")
+        detail = (proc.stderr or proc.stdout).decode(errors="replace").strip() or f"exit status {proc.returncode}"
+        raise ExportError(f"git {args[0]} failed: {detail}")
     return proc.stdout
+
+
+def _read(path, label):
+    """Return a file's text, refusing what the export cannot reproduce byte for byte."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if b"\r\n" in data:
+        raise ExportError(
+            f"{label} has CRLF line endings; PyTorch's files use LF (check DIR out with core.autocrlf=false)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{label} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(text.encode("utf-8"))
 
 
 def check_tree(upstream):
     """Refuse a DIR that is not a PyTorch tree, or one of another version."""
-    if not os.path.isdir(upstream):
+    if not upstream:
+        raise ExportError("--upstream is empty: give the PyTorch tree's directory")
+    if not os.path.exists(upstream):
         raise ExportError(f"--upstream {upstream}: no such directory")
+    if not os.path.isdir(upstream):
+        raise ExportError(f"--upstream {upstream}: not a directory")
     if not os.path.isfile(os.path.join(upstream, "torch", "utils", "_contextlib.py")):
         raise ExportError(f"--upstream {upstream}: not a PyTorch tree (no torch/utils/_contextlib.py)")
-    for name, pattern in (("version.txt", r"(\S+)"), ("torch/version.py", r"__version__\s*=\s*['\"]([^'\"]+)")):
+    versions = (
+        ("version.txt", r"\A\s*(\S+)"),
+        ("torch/version.py", r"__version__\s*(?::\s*\w+\s*)?=\s*['\"]([^'\"]+)"),
+    )
+    for name, pattern in versions:
         where = os.path.join(upstream, name)
         if os.path.isfile(where):
-            with open(where) as f:
-                m = re.search(pattern, f.read())
-            if m and not re.match(re.escape(TORCH_VERSION) + r"(\.|$)", m.group(1)):
+            m = re.search(pattern, _read(where, f"--upstream {upstream}: {name}"))
+            if not m:
+                raise ExportError(f"--upstream {upstream}: {name} names no version")
+            if not re.match(re.escape(TORCH_VERSION) + r"(\.|$)", m.group(1)):
                 raise ExportError(
                     f"--upstream {upstream}: PyTorch {m.group(1)} ({name}); this patch is for v{TORCH_VERSION}"
                 )
 
 
+def check_out(out):
+    """Refuse an --out the patch cannot be written to, before any work is done."""
+    if not out:
+        raise ExportError("--out is empty: give the file to write the patch to")
+    if os.path.isdir(out):
+        raise ExportError(f"--out {out} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ExportError(f"--out {out}: no such directory {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise ExportError(f"--out {out}: not writable")
+
+
+def check_base(upstream, files):
+    """Refuse a DIR that already carries part of the patch, or lacks a module it replaces."""
+    for path in files:
+        theirs = os.path.join(upstream, path)
+        if path in REPLACED:
+            if not os.path.isfile(theirs):
+                raise ExportError(f"--upstream {upstream} lacks {path}, which the patch replaces")
+            if _read(theirs, path) == _read(os.path.join(ROOT, path), path):
+                raise ExportError(f"--upstream {upstream}: {path} is already this checkout's: DIR carries the patch")
+        elif os.path.exists(theirs):
+            raise ExportError(
+                f"--upstream {upstream} already has {path}, which the patch adds: DIR carries (part of) it"
+            )
+
+
 def export(upstream, out, skip_missing=False):
     """Write the patch; return the wiring targets skipped for want of a file in DIR."""
-    upstream = os.path.abspath(upstream)
     check_tree(upstream)
+    check_out(out)
+    upstream = os.path.abspath(upstream)
     files = manifest()
     for path in files:
         if not os.path.isfile(os.path.join(ROOT, path)):
             raise ExportError(f"{path} is listed in tools/upstream_bound.txt but this checkout has no such file")
+    check_base(upstream, files)
     missing = [p for p in WIRING if not os.path.isfile(os.path.join(upstream, p))]
     if missing and not skip_missing:
         raise ExportError(
             f"--upstream {upstream} lacks {', '.join(missing)}, which the patch edits "
             "(use a fuller tree, or --skip-missing to export without those edits)"
         )
+    env = _git_env(_identity())
     with tempfile.TemporaryDirectory() as work:
-        # The base commit holds DIR's copy of every file the patch touches.
-        base = [p for p in [*files, *WIRING] if os.path.isfile(os.path.join(upstream, p))]
-        for path in base:
-            os.makedirs(os.path.dirname(os.path.join(work, path)), exist_ok=True)
-            shutil.copyfile(os.path.join(upstream, path), os.path.join(work, path))
-        env = dict(os.environ, **_identity())
-        _git(work, "init", "-q")
-        _git(work, "add", "-A")
-        _git(work, "commit", "-q", "--allow-empty", "-m", "base", env=env)
+        # The base commit holds DIR's copy of every file the patch changes.
+        wired = [p for p in WIRING if p not in missing]
+        for path in [*REPLACED, *wired]:
+            _write(os.path.join(work, path), _read(os.path.join(upstream, path), f"--upstream {upstream}: {path}"))
+        _git(work, "init", "-q", env=env)
+        _git(work, "add", "-A", env=env)
+        _git(work, "commit", "-q", "-m", "base", env=env)
         for path in files:
-            os.makedirs(os.path.dirname(os.path.join(work, path)), exist_ok=True)
-            shutil.copyfile(os.path.join(ROOT, path), os.path.join(work, path))
-        for path, wire in WIRING.items():
-            if path in missing:
-                continue
-            with open(os.path.join(work, path)) as f:
-                text = f.read()
-            with open(os.path.join(work, path), "w") as f:
-                f.write(wire(text, path))
-        _git(work, "add", "-A")
+            _write(os.path.join(work, path), _read(os.path.join(ROOT, path), path))
+        for path in wired:
+            _write(os.path.join(work, path), WIRING[path](_read(os.path.join(work, path), path), path))
+        _git(work, "add", "-A", env=env)
         _git(work, "commit", "-q", "--cleanup=verbatim", "-F", DESCRIPTION, env=env)
-        patch = _git(work, "format-patch", "-1", "--stdout", "--no-signature", "HEAD", env=env)
-    with open(out, "w") as f:
-        f.write(patch)
+        patch = _git(work, "format-patch", "-1", "--stdout", "--no-signature", "--no-numbered", "HEAD", env=env)
+    try:
+        with open(out, "wb") as f:
+            f.write(patch)
+    except OSError as e:
+        raise ExportError(f"--out {out}: {e.strerror}") from None
     return missing
 
 
 def _identity():
     """Author and dates of the commit: this checkout's HEAD, so that an export is reproducible."""
-    fmt = {"GIT_AUTHOR_NAME": "%an", "GIT_AUTHOR_EMAIL": "%ae", "GIT_AUTHOR_DATE": "%aI"}
-    env = {}
-    for var, spec in fmt.items():
-        proc = subprocess.run(["git", "log", "-1", f"--format={spec}"], cwd=ROOT, capture_output=True, text=True)
-        env[var] = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else ""
-    env["GIT_AUTHOR_NAME"] = env["GIT_AUTHOR_NAME"] or "torch-gradmode"
-    env["GIT_AUTHOR_EMAIL"] = env["GIT_AUTHOR_EMAIL"] or "torch-gradmode@localhost"
-    env["GIT_AUTHOR_DATE"] = env["GIT_AUTHOR_DATE"] or "2026-12-01T00:00:00+00:00"
-    env["GIT_COMMITTER_NAME"] = env["GIT_AUTHOR_NAME"]
-    env["GIT_COMMITTER_EMAIL"] = env["GIT_AUTHOR_EMAIL"]
-    env["GIT_COMMITTER_DATE"] = env["GIT_AUTHOR_DATE"]
-    return env
+    proc = subprocess.run(
+        ["git", "log", "-1", "--format=%an%n%ae%n%aI"], cwd=ROOT, capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+    )
+    fields = proc.stdout.splitlines() if proc.returncode == 0 else []
+    if len(fields) != 3:
+        raise ExportError(f"cannot read this checkout's HEAD commit (its author and date sign the patch): "
+                          f"{proc.stderr.strip() or 'not a git checkout'}")
+    name, email, date = fields
+    return {
+        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email, "GIT_COMMITTER_DATE": date,
+    }
 
 
 def main(argv=None):
@@ -291,6 +374,12 @@ def main(argv=None):
         return 2
     for path in skipped:
         print(f"export_pr: {path} not in --upstream: exported without its wiring edit", file=sys.stderr)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", *manifest(), os.path.relpath(DESCRIPTION, ROOT)],
+        cwd=ROOT, capture_output=True, text=True,
+    ).stdout.split("\n")
+    for line in filter(None, dirty):
+        print(f"export_pr: warning: exported {line[3:]} with uncommitted changes", file=sys.stderr)
     print(f"export_pr: wrote {args.out}")
     return 0
 
