@@ -73,17 +73,33 @@ def run_pytest(python, folder, filename, stock, timeout):
     return {"rc": rc, "failed": failed, "counts": counts, "ran": ran, "elapsed": elapsed, "output": out}
 
 
+def die(message):
+    """Stop with a one-line error (exit 2: not a comparison result)."""
+    print(f"compare_upstream: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def apply_patch(root, patch, work):
     """Copy UPSTREAM_DIR to WORK/test and apply the patch's changes under test/ there."""
     tests = os.path.join(work, "test")
     shutil.copytree(root, tests, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
-    proc = subprocess.run(
-        ["git", "apply", "--include=test/*", os.path.abspath(patch)], cwd=work, capture_output=True, text=True
-    )
-    if proc.returncode:
-        raise SystemExit(f"compare_upstream: error: {patch} does not apply to the test files of {root}:\n"
-                         f"{proc.stderr.strip()}")
+    cmd = ["git", "apply", "--include=test/*", os.path.abspath(patch)]
+    stat = subprocess.run([*cmd[:2], "--numstat", *cmd[2:]], cwd=work, capture_output=True, text=True)
+    if stat.returncode == 0 and not stat.stdout.strip():
+        die(f"--patch {patch} changes nothing under test/")
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    if stat.returncode or proc.returncode:
+        detail = (stat.stderr or proc.stderr).strip()
+        die(f"--patch {patch} does not apply to the test files of {root}: {detail}")
     return tests
+
+
+def check_run(label, filename, res):
+    """Refuse a run that did not really run: pytest's usage/internal errors, a timeout, no tests."""
+    if res["rc"] not in (0, 1) or res["ran"] == 0:
+        tail = "\n".join(res["output"].strip().splitlines()[-5:])
+        why = "timed out" if res["rc"] == "timeout" else f"exit status {res['rc']}, {res['ran']} tests ran"
+        die(f"the {label} run of {filename} did not run ({why}):\n{tail}")
 
 
 def main(argv=None):
@@ -101,16 +117,30 @@ def main(argv=None):
         args.python = os.path.abspath(args.python)  # each run starts in its test file's folder
     if args.patch and not os.path.isfile(args.patch):
         parser.error(f"--patch {args.patch}: no such file")
+    if not os.path.isdir(root):
+        parser.error(f"UPSTREAM_DIR {args.upstream_dir}: no such directory")
+    for filename, sub in RUNS:
+        if not os.path.isfile(os.path.join(root, sub, filename)):
+            parser.error(f"UPSTREAM_DIR {args.upstream_dir} has no {os.path.normpath(os.path.join(sub, filename))} "
+                         "(give the folder laid out as upstream's test/, see ../shared/upstream-tests.md)")
+    probe = subprocess.run([args.python, "-c", "import pytest, torch"], capture_output=True, text=True) \
+        if shutil.which(args.python) or os.path.isfile(args.python) else None
+    if probe is None or probe.returncode:
+        parser.error(f"--python {args.python}: cannot run it, or it lacks pytest or torch")
     work = tempfile.mkdtemp(prefix="compare_upstream-") if args.patch else None
+    try:
+        return _compare(args, root, work)
+    finally:
+        if work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _compare(args, root, work):
     patched_root = apply_patch(root, args.patch, work) if args.patch else root
     any_new = False
     rows = []
     for filename, sub in RUNS:
         folder = os.path.normpath(os.path.join(root, sub))
-        if not os.path.isfile(os.path.join(folder, filename)):
-            print(f"{os.path.join(sub, filename)}: missing, skipped")
-            rows.append((filename, None, None))
-            continue
         results = {}
         for label, stock in (("stock", True), ("patched", False)):
             where = folder if stock else os.path.normpath(os.path.join(patched_root, sub))
@@ -120,6 +150,7 @@ def main(argv=None):
                 os.makedirs(args.log_dir, exist_ok=True)
                 with open(os.path.join(args.log_dir, f"{filename}.{label}.log"), "w") as f:
                     f.write(res["output"])
+            check_run(label, filename, res)
         stock_res, patched_res = results["stock"], results["patched"]
         new = sorted(patched_res["failed"] - stock_res["failed"])
         gone = sorted(stock_res["failed"] - patched_res["failed"])
@@ -151,12 +182,7 @@ def main(argv=None):
     print()
     print(f"{'file':24s} {'stock ran':>10s} {'stock failed':>13s} {'patched ran':>12s} {'patched failed':>15s}")
     for filename, s, p in rows:
-        if s is None:
-            print(f"{filename:24s} {'missing':>10s}")
-            continue
         print(f"{filename:24s} {s['ran']:10d} {len(s['failed']):13d} {p['ran']:12d} {len(p['failed']):15d}")
-    if work:
-        shutil.rmtree(work, ignore_errors=True)
     print("RESULT:", "NEW FAILURES" if any_new else "no new failures")
     return 1 if any_new else 0
 

@@ -34,6 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VENV:-.venv}
+case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac  # the linters run from other folders too
 PY=$VENV/bin/python
 CFG=lint/upstream
 WORK=$ROOT/build/lint-upstream
@@ -198,8 +199,8 @@ if [ ${#torch_files[@]} -eq 0 ]; then
 elif [ $tree_rc -ne 0 ]; then
     report mypy 1 "could not build the link tree"
 else
-    (cd "$TREE" && run mypy "$ROOT/$PY" -m mypy --config-file "$ROOT/$CFG/mypy.ini" \
-        --cache-dir "$WORK/mypy-cache$([ $STOCK -eq 1 ] && echo -stock)" --python-executable "$ROOT/$PY" "${torch_files[@]}")
+    (cd "$TREE" && run mypy "$PY" -m mypy --config-file "$ROOT/$CFG/mypy.ini" \
+        --cache-dir "$WORK/mypy-cache$([ $STOCK -eq 1 ] && echo -stock)" --python-executable "$PY" "${torch_files[@]}")
     rc=$?
     report mypy $rc "${#torch_files[@]} files; $(grep -c ': error:' "$WORK/out") errors"
 fi
@@ -212,8 +213,8 @@ elif [ ! -x "$VENV/bin/pyrefly" ]; then
 elif [ $tree_rc -ne 0 ]; then
     report pyrefly 1 "could not build the link tree"
 else
-    (cd "$TREE" && run pyrefly "$ROOT/$VENV/bin/pyrefly" check --config "$ROOT/$CFG/pyrefly.toml" \
-        --python-interpreter-path "$ROOT/$PY" --search-path . "${torch_files[@]}")
+    (cd "$TREE" && run pyrefly "$VENV/bin/pyrefly" check --config "$ROOT/$CFG/pyrefly.toml" \
+        --python-interpreter-path "$PY" --search-path . "${torch_files[@]}")
     rc=$?
     report pyrefly $rc "${#torch_files[@]} files; $(grep -cE '^(ERROR|WARN) ' "$WORK/out") findings"
 fi

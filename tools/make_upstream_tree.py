@@ -38,15 +38,28 @@ WHEEL_FILES = {
 }
 
 
+def die(message):
+    print(f"make_upstream_tree: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def wheel_dir(python):
-    """The installed torch package's directory, with this checkout's overlay switched off."""
-    proc = subprocess.run(
-        [python, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
-        env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True,
-    )
+    """The installed torch package's directory and version, with this checkout's overlay switched off."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__)"],
+            env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True,
+            cwd=os.sep,  # not a checkout, whose torch/ would shadow the installed one
+        )
+    except OSError as e:
+        die(f"--python {python}: {e.strerror}")
     if proc.returncode:
-        raise SystemExit(f"make_upstream_tree: error: {python} cannot import torch:\n{proc.stderr.strip()}")
-    return proc.stdout.strip()
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        die(f"--python {python} cannot import torch: {last}")
+    where, version = proc.stdout.split()
+    if not version.startswith("2.13."):
+        die(f"--python {python} has torch {version}; the tree must be v2.13.0's")
+    return where, version
 
 
 def main(argv=None):
@@ -58,12 +71,27 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if os.path.exists(args.out):
         parser.error(f"--out {args.out} exists; give a new directory")
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        parser.error(f"--out {args.out}: cannot create it in {parent}")
     for name in ("tests", "sources"):
         where = getattr(args, name)
         if where and not os.path.isdir(where):
             parser.error(f"--{name} {where}: no such directory")
 
-    wheel = wheel_dir(args.python)
+    wheel, version = wheel_dir(args.python)
+    try:
+        build(args, wheel)
+    except (OSError, subprocess.CalledProcessError) as e:
+        shutil.rmtree(args.out, ignore_errors=True)
+        die(f"building {args.out} failed ({e}); nothing was left behind")
+    print(f"make_upstream_tree: {args.out} holds torch {version} from {wheel}"
+          + (f", tests from {args.tests}" if args.tests else "")
+          + (f", sources from {args.sources}" if args.sources else ""))
+    return 0
+
+
+def build(args, wheel):
     for path, rel in WHEEL_FILES.items():
         dst = os.path.join(args.out, path)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -83,13 +111,13 @@ def main(argv=None):
                     continue  # the wheel's copy is the v2.13.0 one
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 shutil.copyfile(src, dst)
-    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=upstream", "-c", "user.email=upstream@localhost",
-                                                "commit", "-qm", "PyTorch v2.13.0 (assembled)"]):
-        subprocess.run(["git", *cmd], cwd=args.out, check=True)
-    print(f"make_upstream_tree: {args.out} holds torch 2.13.0 from {wheel}"
-          + (f", tests from {args.tests}" if args.tests else "")
-          + (f", sources from {args.sources}" if args.sources else ""))
-    return 0
+    # Without the user's git config or GIT_DIR (a hook's, say): a plain repository.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    identity = ["-c", "user.name=upstream", "-c", "user.email=upstream@localhost", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "PyTorch v2.13.0 (assembled)"]):
+        subprocess.run(["git", "-c", "core.autocrlf=false", *cmd], cwd=args.out, check=True, env=env,
+                       capture_output=True)
 
 
 if __name__ == "__main__":
