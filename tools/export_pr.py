@@ -8,7 +8,8 @@ Usage::
 DIR is a PyTorch v2.13.0 source tree: a whole checkout, or a folder holding at
 least the files the patch touches (``CONTRIBUTING.md`` says how to make one
 from the torch 2.13.0 wheel and the upstream files the search index holds).
-FILE gets one commit in ``git format-patch`` form, ready for ``git am`` or
+FILE gets one commit in ``git format-patch`` form, ready for ``git am
+--keep-non-patch`` (which keeps the subject's ``[autograd]``) or
 ``git apply`` at the root of DIR.  The commit carries:
 
 * the files listed in ``tools/upstream_bound.txt``, as they are in this

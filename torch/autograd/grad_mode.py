@@ -197,7 +197,7 @@ class set_grad_enabled(_DecoratorContextManager):
         for :class:`~no_grad`.  Called as a function inside a decorated
         generator, ``torch.set_grad_enabled(mode)`` now sets the body's mode
         until the body changes it again, across ``yield`` (it used to be
-        undone at the next resume, and seen by the caller until then).
+        undone at the next resume).
 
     Args:
         mode (bool): ``True`` to turn gradient tracking on, ``False`` to turn
