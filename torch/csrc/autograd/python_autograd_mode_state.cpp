@@ -37,7 +37,8 @@ namespace {
 // See Note [Expected TLS state in InferenceMode] in c10/core/InferenceMode.h.
 constexpr c10::DispatchKeySet kInferenceIncluded(
     c10::DispatchKey::ADInplaceOrView);
-constexpr c10::DispatchKeySet kInferenceExcluded = c10::autograd_dispatch_keyset;
+constexpr c10::DispatchKeySet kInferenceExcluded =
+    c10::autograd_dispatch_keyset;
 
 struct AutogradModeState {
   AutogradModeState()
@@ -58,8 +59,8 @@ struct THPAutogradModeState {
 // suspended body holding this state: such states take part in cyclic
 // garbage collection.  The others, nearly all, are never tracked.
 const c10::SafePyObject* graph_exec_group(PyObject* self) {
-  const auto& group =
-      reinterpret_cast<THPAutogradModeState*>(self)->state.autograd.get_graph_exec_group();
+  const auto& group = reinterpret_cast<THPAutogradModeState*>(self)
+                          ->state.autograd.get_graph_exec_group();
   return group ? &*group : nullptr;
 }
 
@@ -71,8 +72,8 @@ int THPAutogradModeState_traverse(PyObject* self, visitproc visit, void* arg) {
 }
 
 int THPAutogradModeState_clear(PyObject* self) {
-  reinterpret_cast<THPAutogradModeState*>(self)->state.autograd.set_graph_exec_group(
-      std::nullopt);
+  reinterpret_cast<THPAutogradModeState*>(self)
+      ->state.autograd.set_graph_exec_group(std::nullopt);
   return 0;
 }
 
@@ -103,7 +104,8 @@ PyTypeObject THPAutogradModeStateType = {
     nullptr, /* tp_setattro */
     nullptr, /* tp_as_buffer */
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, /* tp_flags */
-    "A thread's AutogradState and the dispatch key bits inference mode toggles.", /* tp_doc */
+    "A thread's AutogradState and the dispatch key bits inference mode "
+    "toggles.", /* tp_doc */
     THPAutogradModeState_traverse, /* tp_traverse */
     THPAutogradModeState_clear, /* tp_clear */
 };
@@ -168,7 +170,8 @@ PyMethodDef methods[] = {
     {"_swap_autograd_mode_state",
      swap_autograd_mode_state,
      METH_O,
-     "Install an autograd mode state on the calling thread; return the one it replaced."},
+     "Install an autograd mode state on the calling thread; return the one it "
+     "replaced."},
     {nullptr, nullptr, 0, nullptr}};
 
 } // namespace
