@@ -105,7 +105,7 @@ def wire_test_imports(text, path):
     for test in (p for p in manifest() if p.startswith("test/autograd/")):
         module = os.path.splitext(os.path.relpath(test, "test"))[0].replace(os.sep, ".")
         _already(text, path, f"from {module} import")
-        names = _test_classes(test)
+        names = sorted(_test_classes(test))
         if not names:
             raise ExportError(f"{test}: defines no Test* class to import")
         line = f"from {module} import {', '.join(names)}  # noqa: F401\n"

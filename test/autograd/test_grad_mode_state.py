@@ -32,16 +32,6 @@ from torch.testing._internal.common_utils import (
 _DYNAMO_SKIP = "checks thread state around eagerly stepped suspended bodies"
 
 
-__all__ = [
-    "TestGradModeCompatibility",
-    "TestGradModeKeyGuards",
-    "TestGradModeOtherContexts",
-    "TestGradModeOwnedState",
-    "TestGradModeStateCollection",
-    "TestGradModeUnownedState",
-]
-
-
 def autograd_state():
     """The whole autograd mode state a body or a caller can observe.
 

@@ -8,7 +8,7 @@ the mode blocks the body opens itself across its own suspensions; after every st
 the caller is in exactly its own mode again, whatever the step did; everything else
 about the function is as undecorated (see docs/source/notes/grad_mode_suspend.rst).
 
-The test classes (``__all__``, imported by test/test_autograd.py):
+The test classes (imported by test/test_autograd.py):
 
 * generators: ``TestGradModeGenerators`` (the basic cases, for every decorator),
   ``TestGradModeBodyContinuity`` (the body keeps its own mode across ``yield``),
@@ -58,25 +58,6 @@ from torch.utils._contextlib import _DecoratorContextManager, context_decorator
 # bodies the decorators step eagerly: the checks would test Dynamo's
 # modelling of those calls, not the decorators.
 _DYNAMO_SKIP = "checks thread state around eagerly stepped suspended bodies"
-
-
-__all__ = [
-    "TestGradModeGenerators",
-    "TestGradModeBodyContinuity",
-    "TestGradModeCallerIsolation",
-    "TestGradModeGeneratorProtocol",
-    "TestGradModeAsyncCoroutines",
-    "TestGradModeAsyncGenerators",
-    "TestGradModeAsyncTaskIsolation",
-    "TestGradModeAsyncCancellation",
-    "TestGradModeAsyncProtocol",
-    "TestGradModeFaults",
-    "TestGradModeThreads",
-    "TestGradModeGarbageCollection",
-    "TestGradModeBadInput",
-    "TestGradModeDriverDetails",
-    "TestGradModeOtherContextManagers",
-]
 
 
 class Boom(Exception):
