@@ -2239,6 +2239,43 @@ class TestGradModeFaults(GradModeTestCase):
         gc.collect()
         self.assertEqual(mode_state(), PLAIN)
 
+    def test_body_failing_to_close_after_context_failure(self):
+        # The body closed at once after its context failed raises while
+        # closing: the context's error is the one that propagates, and the
+        # body's clean-up still ran in its own mode.
+        calls = {"n": 0}
+
+        class Broken(_DecoratorContextManager):
+            def __enter__(self):
+                calls["n"] += 1
+                if calls["n"] > 1:
+                    raise CMError("enter")
+
+            def __exit__(self, *exc):
+                return None
+
+        seen = []
+
+        @Broken()
+        def gen():
+            with torch.enable_grad():
+                try:
+                    yield 1
+                    yield 2
+                finally:
+                    seen.append(mode_state())
+                    raise ValueError("clean-up failed")
+
+        it = gen()
+        next(it)
+        with torch.no_grad():
+            with self.assertRaises(CMError) as caught:
+                next(it)
+            self.assertEqual(mode_state(), NO_GRAD)
+        self.assertNotIsInstance(caught.exception.__context__, ValueError)
+        self.assertEqual(seen, [PLAIN])
+        self.assertIsNone(it.gi_frame)  # closed, not left for the collector
+
     def test_context_manager_raises_while_body_suspended_in_own_block(self):
         # All four cases in one check, each run to the end before comparing.
         outcomes = {}
