@@ -126,7 +126,9 @@ class _BodyMode:
     def _step(self, method, arg):
         state = self.state
         if state is None:
-            # begin() failed: only abandon() gets here then, and drops this.
+            # Not reached: begin() runs before any step, and a body whose
+            # begin() failed never started, so nothing abandons it.  This
+            # narrows the type for mypy (upstream's ruff bans assert, S101).
             raise RuntimeError("the body has no autograd mode state: it never started")
         caller = _swap_autograd_mode_state(state)
         try:
