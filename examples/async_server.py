@@ -26,7 +26,7 @@ the coroutine or async generator, not on its body, so both endpoints compute
 ordinary tensors with inference mode off.  (Stock ``predict`` is not a
 coroutine function either; FastAPI still awaits it because it follows
 ``__wrapped__`` to the ``async def``.)  See
-``docs/source/notes/grad_mode_suspend.rst``.
+``docs/source/notes/grad_mode_suspend.md``.
 
 Run it (it listens on 127.0.0.1 only)::
 

@@ -7,7 +7,7 @@ generator that suspends -- ``yield``, ``yield from``, ``await``, ``async for``,
 thread to its caller, or to other tasks on the event loop, with the block's mode
 still in force: the mode leaks out, and the caller's leaks in.  The decorator
 form switches the mode in only while the body runs (see
-``docs/source/notes/grad_mode_suspend.rst``).
+``docs/source/notes/grad_mode_suspend.md``).
 
 Codes:
 

@@ -16,6 +16,8 @@ copyright = "PyTorch contributors"
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.doctest",
+    # The notes page is MyST Markdown, as upstream's notes are.
+    "myst_parser",
 ]
 
 exclude_patterns = ["build"]
@@ -32,10 +34,11 @@ _PROMPT = re.compile(r"^\s*>>> ", re.MULTILINE)
 
 
 def _literal_examples_to_doctests(app, doctree):
-    """Make ``Example::`` literal blocks that hold ``>>>`` sessions doctest blocks.
+    """Make literal blocks that hold ``>>>`` sessions doctest blocks.
 
-    The torch docstrings introduce their examples with ``Example::``, which
-    makes a literal block; ``sphinx.ext.doctest`` only collects doctest blocks
+    The torch docstrings introduce their examples with ``Example::``, and the
+    MyST notes page puts them in ```` ```python ```` fences; both make a
+    literal block, and ``sphinx.ext.doctest`` only collects doctest blocks
     (and its own directives).  A literal block whose text starts with a
     ``>>>`` prompt is turned into a doctest block (rendered the same way), so
     the doctest builder runs it.  Other literal blocks are left alone.

@@ -6,7 +6,7 @@ and ``@torch.inference_mode(mode)`` on a generator, an ``async def`` coroutine o
 an async generator: every step of the body runs in the decorator's mode and keeps
 the mode blocks the body opens itself across its own suspensions; after every step
 the caller is in exactly its own mode again, whatever the step did; everything else
-about the function is as undecorated (see docs/source/notes/grad_mode_suspend.rst).
+about the function is as undecorated (see docs/source/notes/grad_mode_suspend.md).
 
 The test classes (imported by test/test_autograd.py):
 
