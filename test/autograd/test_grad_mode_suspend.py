@@ -1900,6 +1900,22 @@ def faulty(where, at, log=None):
     return Faulty()
 
 
+def broken_after_first_entry():
+    """A _DecoratorContextManager whose ``__enter__`` raises from its second call on."""
+    calls = {"n": 0}
+
+    class Broken(_DecoratorContextManager):
+        def __enter__(self):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                raise CMError("enter")
+
+        def __exit__(self, *exc):
+            return None
+
+    return Broken()
+
+
 # (kind of function, at which call the context manager fails): a plain
 # function enters its context only once.
 FAULT_CASES = [
@@ -2204,20 +2220,9 @@ class TestGradModeFaults(GradModeTestCase):
         # A context manager that keeps failing after its first entry: the
         # suspended body is still closed at once, in its own mode, so the
         # context is not entered again for that close.
-        calls = {"n": 0}
-
-        class Broken(_DecoratorContextManager):
-            def __enter__(self):
-                calls["n"] += 1
-                if calls["n"] > 1:
-                    raise CMError("enter")
-
-            def __exit__(self, *exc):
-                return None
-
         seen = []
 
-        @Broken()
+        @broken_after_first_entry()
         def gen():
             with torch.enable_grad():
                 try:
@@ -2243,20 +2248,9 @@ class TestGradModeFaults(GradModeTestCase):
         # The body closed at once after its context failed raises while
         # closing: the context's error is the one that propagates, and the
         # body's clean-up still ran in its own mode.
-        calls = {"n": 0}
-
-        class Broken(_DecoratorContextManager):
-            def __enter__(self):
-                calls["n"] += 1
-                if calls["n"] > 1:
-                    raise CMError("enter")
-
-            def __exit__(self, *exc):
-                return None
-
         seen = []
 
-        @Broken()
+        @broken_after_first_entry()
         def gen():
             with torch.enable_grad():
                 try:
