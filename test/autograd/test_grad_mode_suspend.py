@@ -225,6 +225,15 @@ class GradModeTestCase(TestCase):
         super().tearDown()
         self.assertEqual(leaked, PLAIN, "the test left the thread in another grad mode")
 
+    def assertKeepsMetadata(self, wrapped, func):
+        """*wrapped* carries *func*'s name, docstring, module and signature."""
+        self.assertIs(wrapped.__wrapped__, func)
+        self.assertEqual(wrapped.__name__, func.__name__)
+        self.assertEqual(wrapped.__qualname__, func.__qualname__)
+        self.assertEqual(wrapped.__doc__, "Doc.")
+        self.assertEqual(wrapped.__module__, func.__module__)
+        self.assertEqual(inspect.signature(wrapped), inspect.signature(func))
+
 
 # ---------------------------------------------------------------------------
 # Generators
@@ -497,10 +506,7 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
 
         wrapped = DECORATORS[decorator]()(gen)
         self.assertTrue(inspect.isgeneratorfunction(wrapped))
-        self.assertIs(wrapped.__wrapped__, gen)
-        self.assertEqual(wrapped.__name__, "gen")
-        self.assertEqual(wrapped.__doc__, "Doc.")
-        self.assertEqual(inspect.signature(wrapped), inspect.signature(gen))
+        self.assertKeepsMetadata(wrapped, gen)
         self.assertEqual(list(wrapped(1)), [3])
 
     def test_return_value(self):
@@ -1597,12 +1603,7 @@ class TestGradModeAsyncProtocol(GradModeTestCase):
         wrapped = make()(coro)
         self.assertTrue(inspect.iscoroutinefunction(wrapped))
         self.assertFalse(inspect.isasyncgenfunction(wrapped))
-        self.assertIs(wrapped.__wrapped__, coro)
-        self.assertEqual(wrapped.__name__, "coro")
-        self.assertEqual(wrapped.__qualname__, coro.__qualname__)
-        self.assertEqual(wrapped.__doc__, "Doc.")
-        self.assertEqual(wrapped.__module__, coro.__module__)
-        self.assertEqual(inspect.signature(wrapped), inspect.signature(coro))
+        self.assertKeepsMetadata(wrapped, coro)
         result = wrapped(1)
         self.assertTrue(asyncio.iscoroutine(result))
         self.assertTrue(inspect.iscoroutine(result))
@@ -1619,11 +1620,7 @@ class TestGradModeAsyncProtocol(GradModeTestCase):
         wrapped = make()(agen)
         self.assertTrue(inspect.isasyncgenfunction(wrapped))
         self.assertFalse(inspect.iscoroutinefunction(wrapped))
-        self.assertIs(wrapped.__wrapped__, agen)
-        self.assertEqual(wrapped.__name__, "agen")
-        self.assertEqual(wrapped.__qualname__, agen.__qualname__)
-        self.assertEqual(wrapped.__doc__, "Doc.")
-        self.assertEqual(inspect.signature(wrapped), inspect.signature(agen))
+        self.assertKeepsMetadata(wrapped, agen)
         result = wrapped(1)
         self.assertTrue(inspect.isasyncgen(result))
 
