@@ -1,4 +1,5 @@
 # mypy: allow-untyped-defs
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -8,7 +9,12 @@ import torch
 # names: for a ``with`` block, looking up ``torch._C._set_grad_enabled``
 # through two modules costs more than the call itself.  TorchScript,
 # which compiles ``no_grad``, resolves the names to the same builtins.
-from torch._C import _set_grad_enabled, is_grad_enabled
+from torch._C import (
+    _get_autograd_mode_state,
+    _set_grad_enabled,
+    _swap_autograd_mode_state,
+    is_grad_enabled,
+)
 from torch.utils._contextlib import (
     _DecoratorContextManager,
     _NoParamDecoratorContextManager,
@@ -24,6 +30,44 @@ __all__ = [
     "set_multithreading_enabled",
     "enforce_grad_layout_policy",
 ]
+
+
+# What the grad-mode decorators own: see torch/utils/_contextlib.py.
+_AUTOGRAD_MODE_STATE = (_get_autograd_mode_state, _swap_autograd_mode_state)
+
+
+def _call_with_grad_mode(ctx: Any, func: F) -> F:
+    """Wrap *func* to run in the grad mode *ctx* sets, as a ``with`` block would, at less cost."""
+    with ctx.clone():
+        mode = is_grad_enabled()
+
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        if torch.compiler.is_dynamo_compiling():
+            with ctx.clone():  # the form Dynamo models
+                return func(*args, **kwargs)
+        prev = is_grad_enabled()
+        _set_grad_enabled(mode)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _set_grad_enabled(prev)
+
+    return cast(F, decorate_context)
+
+
+def _call_in_inference_mode(ctx: Any, func: F) -> F:
+    """Wrap *func* to run in the inference mode *ctx* sets, as a ``with`` block would, at less cost."""
+
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        if torch.compiler.is_dynamo_compiling():
+            with ctx.clone():
+                return func(*args, **kwargs)
+        with torch._C._InferenceMode(ctx.mode):
+            return func(*args, **kwargs)
+
+    return cast(F, decorate_context)
 
 
 class no_grad(_NoParamDecoratorContextManager):
@@ -93,11 +137,12 @@ class no_grad(_NoParamDecoratorContextManager):
         True
     """
 
+    _carried_state = _AUTOGRAD_MODE_STATE
+    _wrap_call = staticmethod(_call_with_grad_mode)
+
     def __init__(self) -> None:
         if not torch._jit_internal.is_scripting():
-            # See _NoParamDecoratorContextManager._cooperative_init.
-            if self._cooperative_init:
-                super().__init__()
+            super().__init__()
         # Declares ``prev`` for TorchScript, which compiles this class.
         self.prev = False
 
@@ -115,9 +160,6 @@ class no_grad(_NoParamDecoratorContextManager):
             torch.set_grad_enabled(self.prev)
         else:
             _set_grad_enabled(self.prev)
-
-    def _grad_mode_effect(self):
-        return ("grad", False)
 
 
 class enable_grad(_NoParamDecoratorContextManager):
@@ -167,15 +209,15 @@ class enable_grad(_NoParamDecoratorContextManager):
         True
     """
 
+    _carried_state = _AUTOGRAD_MODE_STATE
+    _wrap_call = staticmethod(_call_with_grad_mode)
+
     def __enter__(self) -> None:
         self.prev = is_grad_enabled()
         _set_grad_enabled(True)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         _set_grad_enabled(self.prev)
-
-    def _grad_mode_effect(self):
-        return ("grad", True)
 
 
 class set_grad_enabled(_DecoratorContextManager):
@@ -226,6 +268,9 @@ class set_grad_enabled(_DecoratorContextManager):
         True
     """
 
+    _carried_state = _AUTOGRAD_MODE_STATE
+    _wrap_call = staticmethod(_call_with_grad_mode)
+
     def __init__(self, mode: bool) -> None:
         self.prev = is_grad_enabled()
         self.mode = mode
@@ -252,9 +297,6 @@ class set_grad_enabled(_DecoratorContextManager):
     def clone(self) -> "set_grad_enabled":
         r"""Return a new ``set_grad_enabled`` with the same mode."""
         return self.__class__(self.mode)
-
-    def _grad_mode_effect(self):
-        return ("grad", self.mode)
 
 
 class inference_mode(_DecoratorContextManager):
@@ -327,6 +369,9 @@ class inference_mode(_DecoratorContextManager):
         (True, True, False)
     """
 
+    _carried_state = _AUTOGRAD_MODE_STATE
+    _wrap_call = staticmethod(_call_in_inference_mode)
+
     def __init__(self, mode: bool = True) -> None:
         if not torch._jit_internal.is_scripting():
             super().__init__()
@@ -355,9 +400,6 @@ class inference_mode(_DecoratorContextManager):
     def clone(self) -> "inference_mode":
         r"""Return a new ``inference_mode`` with the same mode."""
         return self.__class__(self.mode)
-
-    def _grad_mode_effect(self):
-        return ("inference", self.mode)
 
 
 def _enter_inference_mode(mode):
@@ -397,6 +439,8 @@ class set_multithreading_enabled(_DecoratorContextManager):
         :ref:`forward-mode AD <forward-mode-ad>` never uses worker threads,
         so this has no effect on it.
     """
+
+    _carried_state = _AUTOGRAD_MODE_STATE
 
     def __init__(self, mode: bool) -> None:
         self.prev = torch._C._is_multithreading_enabled()
@@ -449,6 +493,8 @@ class enforce_grad_layout_policy(_DecoratorContextManager):
         torch.Size([4, 2, 3])
     """
 
+    _carried_state = _AUTOGRAD_MODE_STATE
+
     def __init__(self, enable: bool = True) -> None:
         self.prev = torch._C._is_grad_layout_enforcement_enabled()
         torch._C._set_grad_layout_enforcement_enabled(enable)
@@ -486,6 +532,8 @@ class _force_original_view_tracking(_DecoratorContextManager):
         mode (bool): ``True`` to always replay views, ``False`` for the
             default choice.
     """
+
+    _carried_state = _AUTOGRAD_MODE_STATE
 
     def __init__(self, mode: bool) -> None:
         self.prev = torch._C._is_view_replay_enabled()

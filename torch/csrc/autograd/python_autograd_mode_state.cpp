@@ -1,25 +1,14 @@
-// The autograd mode state of a thread, as a Python value that can be
-// captured and swapped in without RAII.
+// A thread's autograd mode state as a Python value, so that
+// torch.utils._contextlib can swap a suspended body's state in around each
+// of its steps and its caller's back after it.  A guard cannot do this:
+// c10::InferenceMode restores the whole dispatch key set it found, dropping
+// whatever else the body or its caller changed meanwhile.
 //
-// torch.utils._contextlib runs each step of a decorated generator, coroutine
-// or async generator with the body's own mode state switched in, and the
-// caller's switched back afterwards.  Suspended bodies are resumed in any
-// order, so a guard (c10::InferenceMode) cannot do this: it forces the whole
-// AutogradState and the whole local dispatch key set back to what it found
-// when it is destroyed, dropping whatever else the body or the caller
-// changed meanwhile (autocast, Python dispatch modes, dispatch key guards).
-//
-// The state switched here is what the grad-mode context managers change: the
-// thread's c10::AutogradState, and the dispatch key bits that
-// c10::InferenceMode toggles (ADInplaceOrView in the included set, the
-// autograd keys in the excluded set).  Those bits are switched only when the
-// switch turns inference mode on or off: other code excludes the autograd
-// keys too (at::AutoDispatchBelowAutograd, around every __torch_dispatch__),
-// and that exclusion is not the body's to carry.  Every other bit is left
-// alone.
-//
-// Raw CPython rather than pybind11: a decorated generator makes two of these
-// calls per step, and pybind11's dispatch would cost more than the step.
+// The state is the thread's c10::AutogradState and the dispatch key bits
+// inference mode toggles.  A captured state holds the thread's bits and is
+// restored exactly.  A body's state holds only the bits the body changed
+// itself: a body first stepped below autograd (in __torch_dispatch__, say)
+// must not carry that exclusion out of there.
 
 #include <torch/csrc/autograd/python_autograd_mode_state.h>
 
@@ -34,52 +23,68 @@ namespace torch::autograd {
 
 namespace {
 
-// See Note [Expected TLS state in InferenceMode] in c10/core/InferenceMode.h.
-constexpr c10::DispatchKeySet kInferenceIncluded(
-    c10::DispatchKey::ADInplaceOrView);
-constexpr c10::DispatchKeySet kInferenceExcluded =
-    c10::autograd_dispatch_keyset;
+// Dispatch key bits: some of the thread-local included and excluded sets.
+struct KeyBits {
+  c10::DispatchKeySet included;
+  c10::DispatchKeySet excluded;
+};
+
+// The bits inference mode toggles: see Note [Expected TLS state in
+// InferenceMode].  Removing keys ignores backend bits, so those of the
+// excluded set go with the autograd keys.
+constexpr KeyBits kInferenceBits{
+    c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView),
+    c10::autograd_dispatch_keyset |
+        c10::DispatchKeySet(
+            c10::DispatchKeySet::RAW, (uint64_t{1} << c10::num_backends) - 1)};
+
+// ``to`` with the bits of ``from`` where ``mask`` is set.
+c10::DispatchKeySet overlay(
+    c10::DispatchKeySet to,
+    c10::DispatchKeySet from,
+    c10::DispatchKeySet mask) {
+  return c10::DispatchKeySet(
+      c10::DispatchKeySet::RAW,
+      (to.raw_repr() & ~mask.raw_repr()) |
+          (from.raw_repr() & mask.raw_repr()));
+}
 
 struct AutogradModeState {
-  AutogradModeState()
-      : autograd(c10::AutogradState::get_tls_state()),
-        keys(c10::impl::tls_local_dispatch_key_set()) {}
-
-  c10::AutogradState autograd;
-  c10::impl::LocalDispatchKeySet keys;
+  c10::AutogradState autograd = c10::AutogradState::get_tls_state();
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  // For a body's state, the bits it sets; for a captured one, those of the
+  // body it replaced, handed back to that body when it is swapped out.
+  KeyBits owned;
+  bool is_body = false;
 };
 
 struct THPAutogradModeState {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   PyObject_HEAD
   AutogradModeState state;
 };
 
-// AutogradState may hold a Python object, its graph execution group (see
-// torch.utils.checkpoint.GraphExecGroup), which may in turn refer to the
-// suspended body holding this state: such states take part in cyclic
-// garbage collection.  The others, nearly all, are never tracked.
-const c10::SafePyObject* graph_exec_group(PyObject* self) {
-  const auto& group = reinterpret_cast<THPAutogradModeState*>(self)
-                          ->state.autograd.get_graph_exec_group();
-  return group ? &*group : nullptr;
+AutogradModeState& unpack(PyObject* self) {
+  return reinterpret_cast<THPAutogradModeState*>(self)->state;
 }
 
-int THPAutogradModeState_traverse(PyObject* self, visitproc visit, void* arg) {
-  if (auto group = graph_exec_group(self)) {
+// The graph execution group in AutogradState is a Python object that may
+// refer back to the suspended body holding this state.
+int traverse(PyObject* self, visitproc visit, void* arg) {
+  if (const auto& group = unpack(self).autograd.get_graph_exec_group()) {
     Py_VISIT(group->ptr(&group->pyinterpreter()));
   }
   return 0;
 }
 
-int THPAutogradModeState_clear(PyObject* self) {
-  reinterpret_cast<THPAutogradModeState*>(self)
-      ->state.autograd.set_graph_exec_group(std::nullopt);
+int clear(PyObject* self) {
+  unpack(self).autograd.set_graph_exec_group(std::nullopt);
   return 0;
 }
 
-void THPAutogradModeState_dealloc(PyObject* self) {
+void dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
-  reinterpret_cast<THPAutogradModeState*>(self)->state.~AutogradModeState();
+  unpack(self).~AutogradModeState();
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -88,7 +93,7 @@ PyTypeObject THPAutogradModeStateType = {
     "torch._C._AutogradModeState", /* tp_name */
     sizeof(THPAutogradModeState), /* tp_basicsize */
     0, /* tp_itemsize */
-    THPAutogradModeState_dealloc, /* tp_dealloc */
+    dealloc, /* tp_dealloc */
     0, /* tp_vectorcall_offset */
     nullptr, /* tp_getattr */
     nullptr, /* tp_setattr */
@@ -104,64 +109,78 @@ PyTypeObject THPAutogradModeStateType = {
     nullptr, /* tp_setattro */
     nullptr, /* tp_as_buffer */
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, /* tp_flags */
-    "A thread's AutogradState and the dispatch key bits inference mode "
-    "toggles.", /* tp_doc */
-    THPAutogradModeState_traverse, /* tp_traverse */
-    THPAutogradModeState_clear, /* tp_clear */
+    "A thread's autograd mode state.", /* tp_doc */
+    traverse, /* tp_traverse */
+    clear, /* tp_clear */
 };
 
-// Returns a new reference to the calling thread's state.
-PyObject* capture() {
+// Returns a new reference to the calling thread's state, captured.
+PyObject* capture(AutogradModeState** out) {
   auto self = PyObject_GC_New(THPAutogradModeState, &THPAutogradModeStateType);
   if (!self) {
     return nullptr;
   }
-  new (&self->state) AutogradModeState();
-  auto object = reinterpret_cast<PyObject*>(self);
-  if (graph_exec_group(object)) {
-    PyObject_GC_Track(object);
+  *out = new (&self->state) AutogradModeState();
+  if ((*out)->autograd.get_graph_exec_group()) {
+    PyObject_GC_Track(self);
   }
-  return object;
+  return reinterpret_cast<PyObject*>(self);
 }
 
-void install(const AutogradModeState& state) {
-  bool toggles_inference_mode = state.autograd.get_inference_mode() !=
-      c10::AutogradState::get_tls_state().get_inference_mode();
-  c10::AutogradState::set_tls_state(state.autograd);
-  if (toggles_inference_mode) {
-    auto keys = c10::impl::tls_local_dispatch_key_set();
-    keys.included_ = (keys.included_ - kInferenceIncluded) |
-        (state.keys.included_ & kInferenceIncluded);
-    keys.excluded_ = (keys.excluded_ - kInferenceExcluded) |
-        (state.keys.excluded_ & kInferenceExcluded);
-    c10::impl::_force_tls_local_dispatch_key_set(keys);
-  }
-}
-
-PyObject* get_autograd_mode_state(
-    PyObject* /*module*/,
-    PyObject* /*noargs*/) {
+PyObject* get_autograd_mode_state(PyObject* /*module*/, PyObject* /*noargs*/) {
   HANDLE_TH_ERRORS
-  return capture();
+  AutogradModeState* state = nullptr;
+  return capture(&state);
   END_HANDLE_TH_ERRORS
 }
 
-// Installs ``state`` on the calling thread and returns the state it replaced.
-PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* state) {
+// Installs ``state`` and returns the state it replaced: a body's state, if
+// ``state`` was captured; else the state captured.
+PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(
-      Py_TYPE(state) == &THPAutogradModeStateType,
+      Py_TYPE(arg) == &THPAutogradModeStateType,
       "_swap_autograd_mode_state(): expected a state from "
       "_get_autograd_mode_state(), got ",
-      Py_TYPE(state)->tp_name);
-  PyObject* previous = capture();
-  if (previous) {
-    install(reinterpret_cast<THPAutogradModeState*>(state)->state);
+      Py_TYPE(arg)->tp_name);
+  const AutogradModeState& state = unpack(arg);
+  AutogradModeState* now = nullptr;
+  PyObject* previous = capture(&now);
+  if (!previous) {
+    return nullptr;
   }
+  const KeyBits& owned = state.is_body ? state.owned : kInferenceBits;
+  auto keys = now->keys;
+  keys.included_ =
+      overlay(keys.included_, state.keys.included_, owned.included);
+  keys.excluded_ =
+      overlay(keys.excluded_, state.keys.excluded_, owned.excluded);
+  if (state.is_body) {
+    now->owned = state.owned;
+  } else if (
+      now->autograd.get_inference_mode() !=
+      state.autograd.get_inference_mode()) {
+    // The body's inference mode differs from its caller's: all the bits go
+    // with it (an ``inference_mode`` entered below autograd, say).
+    now->owned = kInferenceBits;
+    now->is_body = true;
+  } else {
+    // The bits the body set before, and those it has changed since.
+    now->owned.included = state.owned.included |
+        ((now->keys.included_ ^ state.keys.included_) &
+         kInferenceBits.included);
+    now->owned.excluded = state.owned.excluded |
+        ((now->keys.excluded_ ^ state.keys.excluded_) &
+         kInferenceBits.excluded);
+    now->is_body = true;
+  }
+  c10::AutogradState::set_tls_state(state.autograd);
+  c10::impl::_force_tls_local_dispatch_key_set(keys);
   return previous;
   END_HANDLE_TH_ERRORS
 }
 
+// NOLINTNEXTLINE(*-avoid-c-arrays)
 PyMethodDef methods[] = {
     {"_get_autograd_mode_state",
      get_autograd_mode_state,
@@ -170,8 +189,7 @@ PyMethodDef methods[] = {
     {"_swap_autograd_mode_state",
      swap_autograd_mode_state,
      METH_O,
-     "Install an autograd mode state on the calling thread; return the one it "
-     "replaced."},
+     "Install an autograd mode state; return the one it replaced."},
     {nullptr, nullptr, 0, nullptr}};
 
 } // namespace
