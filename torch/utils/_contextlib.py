@@ -112,6 +112,11 @@ def _driver(start):
                     method = it.send
         except StopIteration as stop:
             return stop.value
+        except BaseException:
+            # An athrow awaitable holds the exception, whose traceback holds
+            # this frame: drop it, so that the failure leaves no cycle.
+            it = method = None
+            raise
 
     return drive
 
@@ -187,6 +192,8 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
             try:
                 request = yield (value, value := None)[0]  # see _driver
             except BaseException as exc:
+                if type(exc) is GeneratorExit and agen.ag_frame is None:
+                    raise  # the body was finalised first
                 step = agen.athrow(exc)
             else:
                 step = agen.asend(request)
@@ -229,6 +236,14 @@ def context_decorator(ctx, func, *, carried=None, wrap_call=None):
             "type. Decorate the methods that need it instead."
         )
 
+    if not callable(func) and not isinstance(func, (staticmethod, classmethod)):
+        raise TypeError(
+            f"a context manager can only decorate a function or other callable, "
+            f"not {type(func).__name__} {func!r}"
+        )
+    if isinstance(func, (staticmethod, classmethod)):
+        # Wrap the function inside, by its kind, and keep the method kind.
+        return type(func)(context_decorator(ctx, func.__func__, carried=carried))
     if inspect.isasyncgenfunction(func):
         return _wrap_async_generator(ctx_factory, func, carried)
     if inspect.iscoroutinefunction(func):

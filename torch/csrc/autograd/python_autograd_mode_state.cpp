@@ -1,14 +1,15 @@
 // A thread's autograd mode state as a Python value, so that
-// torch.utils._contextlib can swap a suspended body's state in around each
-// of its steps and its caller's back after it.  A guard cannot do this:
+// torch.utils._contextlib can swap a suspended body's state in around each of
+// its steps and its caller's back after each.  A guard cannot do this:
 // c10::InferenceMode restores the whole dispatch key set it found, dropping
 // whatever else the body or its caller changed meanwhile.
 //
 // The state is the thread's c10::AutogradState and the dispatch key bits
 // inference mode toggles.  A captured state holds the thread's bits and is
-// restored exactly.  A body's state holds only the bits the body changed
-// itself: a body first stepped below autograd (in __torch_dispatch__, say)
-// must not carry that exclusion out of there.
+// restored exactly.  A body's state holds the bits the body changed itself
+// (all of them once its inference mode differs from its caller's), set over
+// the thread's: a body first stepped below autograd (in __torch_dispatch__,
+// say) does not carry that exclusion out of there.
 
 #include <torch/csrc/autograd/python_autograd_mode_state.h>
 
@@ -134,8 +135,9 @@ PyObject* get_autograd_mode_state(PyObject* /*module*/, PyObject* /*noargs*/) {
   END_HANDLE_TH_ERRORS
 }
 
-// Installs ``state`` and returns the state it replaced: a body's state, if
-// ``state`` was captured; else the state captured.
+// Installs ``state`` and returns the state it replaced: installing a body's
+// state captures the caller's; installing the captured state back returns
+// the body's.
 PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(
@@ -149,7 +151,12 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
   if (!previous) {
     return nullptr;
   }
-  const KeyBits& owned = state.is_body ? state.owned : kInferenceBits;
+  // A body whose inference mode is not the thread's takes all the bits:
+  // inference mode sets them all, even to what they were.
+  bool toggles = now->autograd.get_inference_mode() !=
+      state.autograd.get_inference_mode();
+  const KeyBits& owned =
+      state.is_body && !toggles ? state.owned : kInferenceBits;
   auto keys = now->keys;
   keys.included_ =
       overlay(keys.included_, state.keys.included_, owned.included);
@@ -157,21 +164,18 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
       overlay(keys.excluded_, state.keys.excluded_, owned.excluded);
   if (state.is_body) {
     now->owned = state.owned;
-  } else if (
-      now->autograd.get_inference_mode() !=
-      state.autograd.get_inference_mode()) {
-    // The body's inference mode differs from its caller's: all the bits go
-    // with it (an ``inference_mode`` entered below autograd, say).
-    now->owned = kInferenceBits;
-    now->is_body = true;
   } else {
-    // The bits the body set before, and those it has changed since.
-    now->owned.included = state.owned.included |
-        ((now->keys.included_ ^ state.keys.included_) &
-         kInferenceBits.included);
-    now->owned.excluded = state.owned.excluded |
-        ((now->keys.excluded_ ^ state.keys.excluded_) &
-         kInferenceBits.excluded);
+    // The body's bits: those it set before, and those it changed since.
+    now->owned = toggles ? kInferenceBits
+                         : KeyBits{
+                               state.owned.included |
+                                   ((now->keys.included_ ^
+                                     state.keys.included_) &
+                                    kInferenceBits.included),
+                               state.owned.excluded |
+                                   ((now->keys.excluded_ ^
+                                     state.keys.excluded_) &
+                                    kInferenceBits.excluded)};
     now->is_body = true;
   }
   c10::AutogradState::set_tls_state(state.autograd);
