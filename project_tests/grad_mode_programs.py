@@ -26,9 +26,9 @@ import torch
 # The upstream-bound tests own the helpers (tables of decorators, blocks and
 # caller modes, the whole-state probe, the own-thread runner): use theirs.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "test", "autograd"))
-from test_grad_mode_state import autograd_state  # noqa: E402
-from test_grad_mode_suspend import (  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_grad_mode_state_matrix import autograd_state  # noqa: E402
+from test_grad_mode_matrix import (  # noqa: E402
     BLOCKS,
     Boom,
     CALLER_SETUPS,

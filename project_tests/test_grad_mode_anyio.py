@@ -15,8 +15,8 @@ from torch.testing._internal.common_utils import run_tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "test", "autograd"))
-import test_grad_mode_suspend as suspend_tests  # noqa: E402 -- the module: pytest would run its classes here too
-from test_grad_mode_suspend import mode_state  # noqa: E402
+import test_grad_mode_matrix as suspend_tests  # noqa: E402 -- the module: pytest would run its classes here too
+from test_grad_mode_matrix import mode_state  # noqa: E402
 
 try:
     import anyio

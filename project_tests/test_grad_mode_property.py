@@ -9,7 +9,7 @@ body undecorated, uninterrupted, on a thread of its own.
   event loop of its own.
 
 Project-only: the hand-written tests of the same contract are upstream-bound, in
-``test/autograd/test_grad_mode_suspend.py``.
+``test/autograd/test_grad_mode_matrix.py``.
 """
 
 import asyncio
@@ -35,7 +35,7 @@ from grad_mode_programs import (
     run_oracle_generator,
     run_subject_generator,
 )
-import test_grad_mode_suspend as suspend_tests  # the module: pytest would run its classes here too
+import test_grad_mode_matrix as suspend_tests  # the module: pytest would run its classes here too
 
 PROPERTY_PROGRAMS = int(os.environ.get("GRAD_MODE_PROPERTY_PROGRAMS", "2000"))
 PROPERTY_SEED = int(os.environ.get("GRAD_MODE_PROPERTY_SEED", "20261129"))
