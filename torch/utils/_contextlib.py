@@ -121,9 +121,22 @@ def _driver(start):
     return drive
 
 
-def _is_closed(it):
-    # Throwing into a closed generator re-raises; into a closed coroutine, fails.
-    return isinstance(it, types.CoroutineType) and it.cr_frame is None
+def _async_driver(start):
+    """The coroutine twin of :func:`_driver`: its code, flagged as a coroutine's."""
+    # Where the generator yields, the coroutine suspends its awaiter.  Being
+    # the wrapper itself, it costs a step one frame: an ``async def`` awaiting
+    # _driver made decorated recursive coroutines 25% as deep as undecorated.
+    drive = _driver(start)
+    flags = drive.__code__.co_flags & ~inspect.CO_GENERATOR | inspect.CO_COROUTINE
+    drive.__code__ = drive.__code__.replace(co_flags=flags)
+    return drive
+
+
+def _is_closed(body):
+    """Whether coroutine or async generator *body* has finished: then it refuses a throw."""
+    if isinstance(body, types.CoroutineType):
+        return body.cr_frame is None
+    return isinstance(body, types.AsyncGeneratorType) and body.ag_frame is None
 
 
 _drive_step = types.coroutine(_driver(lambda body, awaitable: (body, awaitable)))
@@ -158,13 +171,7 @@ def _wrap_coroutine(ctx_factory, func, carried=None):
             coro = coro.__await__()  # from a function marked as a coroutine's
         return _Body(ctx_factory, carried, True), coro
 
-    drive = types.coroutine(_driver(start))
-
-    @functools.wraps(func)
-    async def coroutine_context(*args, **kwargs):
-        return await drive(*args, **kwargs)
-
-    return coroutine_context
+    return functools.wraps(func)(_async_driver(start))
 
 
 def _wrap_async_generator(ctx_factory, func, carried=None):
@@ -192,7 +199,7 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
             try:
                 request = yield (value, value := None)[0]  # see _driver
             except BaseException as exc:
-                if type(exc) is GeneratorExit and agen.ag_frame is None:
+                if type(exc) is GeneratorExit and _is_closed(agen):
                     raise  # the body was finalised first
                 step = agen.athrow(exc)
             else:
