@@ -33,16 +33,14 @@ _get_eval_frame_callback = _C._dynamo.eval_frame.get_eval_frame_callback
 _set_eval_frame = _C._dynamo.eval_frame.set_eval_frame
 
 
-def _without_dynamo(func, *args):
-    """Call ``func(*args)`` with Dynamo's eval-frame callback off."""
+def _without_dynamo(func, *args, **kwargs):
+    """Call ``func(*args, **kwargs)`` with Dynamo's eval-frame callback off."""
     # Dynamo converts any frame without CO_GENERATOR, so coroutine and async
     # generator bodies made or stepped in a graph break would run converted
     # (on Python 3.11, with a heap overrun): run them eagerly instead.
-    if _get_eval_frame_callback() is None:
-        return func(*args)
     prior = _set_eval_frame(None)
     try:
-        return func(*args)
+        return func(*args, **kwargs)
     finally:
         _set_eval_frame(prior)
 
@@ -166,7 +164,7 @@ def _wrap_coroutine(ctx_factory, func, carried=None):
     """Wrap coroutine function *func* to run each step under ``ctx_factory()``."""
 
     def start(*args, **kwargs):
-        coro = _without_dynamo(functools.partial(func, *args, **kwargs))
+        coro = _without_dynamo(func, *args, **kwargs)
         if not isinstance(coro, types.CoroutineType):
             coro = coro.__await__()  # from a function marked as a coroutine's
         return _Body(ctx_factory, carried, True), coro
@@ -180,7 +178,7 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
     @functools.wraps(func)
     async def async_generator_context(*args, **kwargs):
         body = _Body(ctx_factory, carried, True)
-        agen = _without_dynamo(functools.partial(func, *args, **kwargs))
+        agen = _without_dynamo(func, *args, **kwargs)
         # Keep *agen* from the event loop, which would close it in its own
         # state at shutdown: the loop closes this wrapper, which closes agen.
         hooks = sys.get_asyncgen_hooks()
