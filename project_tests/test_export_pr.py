@@ -77,12 +77,29 @@ STAND_INS = {
     ),
     "docs/source/notes/autograd.md": (
         "# Autograd mechanics\n\n"
+        "## Locally disabling gradient computation\n\n"
         "### Grad Modes\n\n"
         "There are three grad modes, all of which can be toggled with context\n"
         "managers and decorators.\n\n"
-        "```{list-table}\n```\n"
+        "```{list-table}\n```\n\n"
+        "### No-grad Mode\n\n"
+        "Computations in no-grad mode are not recorded.\n\n"
+        "### Inference Mode\n\n"
+        "Inference mode is the extreme version of no-grad mode.\n\n"
+        "### Evaluation Mode (``nn.Module.eval()``)\n\n"
+        "Evaluation mode is not a mechanism to locally disable gradient computation.\n\n"
+        "## In-place operations with autograd\n"
     ),
 }
+
+SECTION = "docs/source/notes/grad_mode_suspend_section.md"
+NOTES = "docs/source/notes/autograd.md"
+TEST_MODULE = "test/autograd/test_grad_mode_suspend.py"
+
+
+def read(path, root=ROOT):
+    with open(os.path.join(root, path)) as f:
+        return f.read()
 
 
 def make_tree(where, files=STAND_INS):
@@ -143,28 +160,33 @@ class TestExport(ExportTestCase):
         patch, _ = self.export_ok()
         git(self.tree, "apply", "--check", self.out)
         git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
-        for path in export_pr.manifest():
-            with open(os.path.join(ROOT, path)) as ours, open(os.path.join(self.tree, path)) as theirs:
-                self.assertEqual(theirs.read(), ours.read(), path)
+        for path in export_pr.carried():
+            self.assertEqual(read(path, self.tree), read(path), path)
+        # The section is not a file of its own upstream: its text is in the notes.
+        self.assertFalse(os.path.exists(os.path.join(self.tree, SECTION)))
+        self.assertIn(read(SECTION), read(NOTES, self.tree))
 
     def test_touches_only_its_files_and_few_upstream_lines(self):
         patch, _ = self.export_ok()
         paths = patched_paths(patch)
-        self.assertEqual(sorted(paths), sorted(set(export_pr.manifest()) | set(export_pr.WIRING)))
+        self.assertEqual(sorted(paths), sorted(set(export_pr.carried()) | set(export_pr.WIRING)))
         stat = git(self.tree, "apply", "--numstat", self.out)
         replaced = {"torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"}
         for line in stat.splitlines():
             added, removed, path = line.split("\t")
             if path == "test/test_autograd.py":
-                # One import statement per new test module, however many classes it names.
+                # One import statement, however many classes it names.
                 self.assertEqual(removed, "0", path)
                 hunks = patch.split(f"b/{path}\n", 1)[1].split("diff --git")[0]
                 added_lines = re.findall(r"^\+(?!\+\+)(.*)$", hunks, re.M)
                 statements = ast.parse("\n".join(added_lines)).body
-                self.assertEqual(len(statements), 2)
-                for statement in statements:
-                    self.assertIsInstance(statement, ast.ImportFrom)
-                    self.assertTrue(statement.module.startswith("autograd.test_grad_mode_"), statement.module)
+                self.assertEqual(len(statements), 1)
+                self.assertIsInstance(statements[0], ast.ImportFrom)
+                self.assertEqual(statements[0].module, "autograd.test_grad_mode_suspend")
+            elif path == NOTES:
+                # The section and a blank line after it, nothing of upstream's touched.
+                self.assertEqual(removed, "0", path)
+                self.assertEqual(int(added), len(read(SECTION).splitlines()) + 1, path)
             elif path in export_pr.WIRING:
                 self.assertEqual(removed, "0", path)
                 self.assertLessEqual(int(added), 8, path)
@@ -181,8 +203,8 @@ class TestExport(ExportTestCase):
 
         imports = [line for line in read("test/test_autograd.py").splitlines() if line.startswith("from autograd.")]
         self.assertEqual(imports, sorted(imports))
-        for module in ("test_grad_mode_state", "test_grad_mode_suspend"):
-            self.assertTrue(any(line.startswith(f"from autograd.{module} import") for line in imports), module)
+        ours = [line for line in imports if line.startswith("from autograd.test_grad_mode_suspend import")]
+        self.assertEqual(len(ours), 1, imports)
         module_cpp = read("torch/csrc/Module.cpp")
         self.assertIn("#include <torch/csrc/autograd/python_autograd_mode_state.h>\n"
                       "#include <torch/csrc/autograd/python_cpp_function.h>\n", module_cpp)
@@ -200,9 +222,11 @@ class TestExport(ExportTestCase):
         rules = read("torch/_dynamo/trace_rules.py")
         for name in export_pr.BINDING_NAMES:
             self.assertIn(f'"{name}"', rules)
-        notes = read("docs/source/notes/autograd.md")
-        self.assertIn("managers and decorators.\n\nHow the grad-mode decorators", notes)
-        self.assertIn("{doc}`grad_mode_suspend`.\n\n```{list-table}", notes)
+        notes = read(NOTES)
+        with open(os.path.join(ROOT, SECTION)) as f:
+            section = f.read()
+        # After the last grad mode's subsection, before the next heading, blank lines around it.
+        self.assertIn("version of no-grad mode.\n\n" + section + "\n### Evaluation Mode", notes)
         self.assertIn('        "torch._C._get_autograd_fallback_mode",\n'
                       '        "torch._C._get_autograd_mode_state",\n'
                       '        "torch._C._get_cpp_backtrace",\n', rules)
@@ -220,7 +244,8 @@ class TestExport(ExportTestCase):
         headers = patch.split("\n\n", 1)[0].replace("\n ", " ")  # git folds long header lines
         self.assertIn(f"Subject: [PATCH] {subject}\n", headers + "\n")
         # Markdown headings survive (git's default cleanup would drop them as comments).
-        for heading in ("## Summary", "## Motivation", "## BC-breaking note", "## Test plan", "## Proposed stack"):
+        for heading in ("## Summary", "## Motivation", "## Where the binding lives, and its names",
+                        "## Release notes", "## BC-breaking notes", "## Test plan", "## Proposed stack"):
             self.assertIn(f"\n{heading}\n", patch)
         self.assertNotIn("RESULTS_TABLE", patch)
 
@@ -341,6 +366,118 @@ class TestExportRefusals(ExportTestCase):
         self.assertIn("not a PyTorch tree", self.export_fails())
         self.tree = os.path.join(self.tmp, "nowhere")
         self.assertIn("no such directory", self.export_fails())
+
+
+class TestExportSection(ExportTestCase):
+    """The docs section: short, MyST, and inserted after the grad modes' subsections."""
+
+    def notes_after_export(self, notes):
+        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        self.export_ok()
+        git(self.tree, "apply", self.out)
+        return read(NOTES, self.tree)
+
+    def test_section_is_short_and_fits_under_a_level_two_heading(self):
+        self.assertEqual(export_pr.sections(), {SECTION: NOTES})
+        section = read(SECTION)
+        lines = section.splitlines()
+        self.assertLessEqual(len(lines), 80)
+        self.assertRegex(lines[0], r"^\([\w-]+\)=$")  # a label other pages can link to
+        headings = [line for line in lines if re.match(r"#+ ", line)]
+        self.assertTrue(headings[0].startswith("### "), headings)
+        self.assertFalse([h for h in headings if not h.startswith("###")], headings)
+        self.assertIn(">>> ", section)  # one example
+
+    def test_before_the_label_of_the_next_heading(self):
+        notes = STAND_INS[NOTES].replace("### Evaluation Mode", "(eval-mode-doc)=\n\n### Evaluation Mode")
+        patched = self.notes_after_export(notes)
+        self.assertIn("version of no-grad mode.\n\n" + read(SECTION) + "\n(eval-mode-doc)=\n\n### Evaluation", patched)
+
+    def test_at_the_end_when_nothing_follows(self):
+        notes = STAND_INS[NOTES].split("### Evaluation Mode")[0].rstrip("\n") + "\n"
+        patched = self.notes_after_export(notes)
+        self.assertTrue(patched.endswith("version of no-grad mode.\n\n" + read(SECTION)), patched[-300:])
+
+    def test_a_following_higher_level_heading_ends_the_subsection(self):
+        notes = STAND_INS[NOTES].replace("### Evaluation Mode (``nn.Module.eval()``)", "## Something else")
+        patched = self.notes_after_export(notes)
+        self.assertIn(read(SECTION) + "\n## Something else", patched)
+
+    def test_missing_anchor(self):
+        notes = STAND_INS[NOTES].replace("### Inference Mode", "### Inference")
+        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        err = self.export_fails()
+        self.assertIn(f"{NOTES}: no '### Inference Mode' heading", err)
+
+    def test_notes_that_hold_the_section_already_are_refused(self):
+        notes = STAND_INS[NOTES] + "\n" + read(SECTION)
+        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        self.assertIn("DIR carries", self.export_fails())
+
+    def test_malformed_manifest_line(self):
+        manifest = os.path.join(self.tmp, "upstream_bound.txt")
+        with open(manifest, "w") as f:
+            f.write("torch/utils/_contextlib.py\ndocs/x.md ->  # no target\n")
+        saved = export_pr.MANIFEST
+        export_pr.MANIFEST = manifest
+        try:
+            with self.assertRaisesRegex(export_pr.ExportError, r"upstream_bound.txt:2: expected 'SECTION -> TARGET'"):
+                export_pr.sections()
+        finally:
+            export_pr.MANIFEST = saved
+
+
+class TestExportTestImports(ExportTestCase):
+    """test/test_autograd.py imports the TestGradMode* classes the new module defines, read from it."""
+
+    def write_module(self, text):
+        with open(os.path.join(self.tmp, "test_x.py"), "w") as f:
+            f.write(text)
+        return "test_x.py"
+
+    def test_imports_every_class_the_module_defines(self):
+        self.assertEqual([p for p in export_pr.carried() if p.startswith("test/")], [TEST_MODULE])
+        defined = sorted(re.findall(r"^class (TestGradMode\w*)\b", read(TEST_MODULE), re.M))
+        self.assertTrue(defined)
+        make_tree(self.tree)
+        self.export_ok()
+        git(self.tree, "apply", self.out)
+        tree = ast.parse(read("test/test_autograd.py", self.tree))
+        imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)
+                   and node.module == "autograd.test_grad_mode_suspend"]
+        self.assertEqual(len(imports), 1)
+        self.assertEqual([alias.name for alias in imports[0].names], defined)
+
+    def test_classes_are_read_from_the_source(self):
+        path = self.write_module(
+            "import unittest\n\n"
+            "class Helper:\n    pass\n\n"
+            "class TestGradModeB(unittest.TestCase):\n    class TestInner:\n        pass\n\n"
+            "class TestGradModeA(unittest.TestCase):\n    pass\n\n"
+            "instantiate_parametrized_tests(TestGradModeA)\n"
+        )
+        self.assertEqual(export_pr._test_classes(path, root=self.tmp), ["TestGradModeB", "TestGradModeA"])
+
+    def test_a_test_class_that_would_not_run_upstream_is_refused(self):
+        path = self.write_module("class TestGradModeA:\n    pass\n\nclass TestOther:\n    pass\n")
+        with self.assertRaisesRegex(export_pr.ExportError, r"TestOther would not run upstream"):
+            export_pr._test_classes(path, root=self.tmp)
+
+    def test_device_type_classes_are_refused(self):
+        path = self.write_module(
+            "class TestGradModeA:\n    pass\n\ninstantiate_device_type_tests(TestGradModeA, globals())\n"
+        )
+        with self.assertRaisesRegex(export_pr.ExportError, r"TestGradModeA is instantiated per device type"):
+            export_pr._test_classes(path, root=self.tmp)
+
+    def test_a_name_test_autograd_has_already_is_refused(self):
+        name = re.search(r"^class (TestGradMode\w*)\b", read(TEST_MODULE), re.M).group(1)
+        files = dict(STAND_INS)
+        files["test/test_autograd.py"] = files["test/test_autograd.py"].replace(
+            "class TestAutograd:", f"class {name}:\n    pass\n\n\nclass TestAutograd:"
+        )
+        make_tree(self.tree, files)
+        self.assertIn(f"test/test_autograd.py already defines or imports {name}", self.export_fails())
 
 
 class TestExportAgainstTheWheel(ExportTestCase):

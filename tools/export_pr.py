@@ -13,12 +13,15 @@ FILE gets one commit in ``git format-patch`` form, ready for ``git am
 ``git apply`` at the root of DIR.  The commit carries:
 
 * the files listed in ``tools/upstream_bound.txt``, as they are in this
-  checkout (the two modules replace DIR's; the rest are new files);
+  checkout (the two modules replace DIR's; the rest are new files), except
+  the sections it lists as ``SECTION -> TARGET``, which are inserted into
+  the upstream file TARGET instead (the docs section goes into the autograd
+  notes, after the "Grad Modes" material);
 * small wiring edits to upstream files, computed against DIR when this runs
   (so that no upstream text is ever kept in this repository): the binding
   registered in ``torch._C`` and in the build, its type stubs, its Dynamo trace
-  rules, the new tests imported by ``test/test_autograd.py``, and a link to the
-  notes page.
+  rules, the new test module's ``TestGradMode*`` classes imported by
+  ``test/test_autograd.py``, and the docs section.
 
 The commit message is ``tools/pr_description.md``: the pull request's
 description.  A wiring target DIR lacks is an error, unless ``--skip-missing``
@@ -43,7 +46,9 @@ TORCH_VERSION = "2.13"
 BINDING_HEADER = "torch/csrc/autograd/python_autograd_mode_state.h"
 BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
 BINDING_INIT = "torch::autograd::init_autograd_mode_state(module);"
-NOTES_PAGE = "grad_mode_suspend"
+NOTES = "docs/source/notes/autograd.md"
+# The new test module's classes that test/test_autograd.py imports (and so runs).
+TEST_CLASS_PREFIX = "TestGradMode"
 # The upstream modules the patch replaces whole; every other listed file is new.
 REPLACED = ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py")
 # Every torch._C name the binding adds; Dynamo's trace rules must know each.
@@ -57,11 +62,34 @@ class ExportError(Exception):
     """A problem with DIR or with this checkout that stops the export."""
 
 
-def manifest():
-    """Return the upstream-bound paths, in the order ``upstream_bound.txt`` lists them."""
+def _entries():
+    """Return ``(path, target)`` for each line of ``upstream_bound.txt``; target is None for a file."""
+    entries = []
     with open(MANIFEST) as f:
-        lines = (line.strip() for line in f)
-        return [line for line in lines if line and not line.startswith("#")]
+        for number, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            path, arrow, target = (part.strip() for part in line.partition("->"))
+            if arrow and not (path and target):
+                raise ExportError(f"tools/upstream_bound.txt:{number}: expected 'SECTION -> TARGET', got {line!r}")
+            entries.append((path, target or None))
+    return entries
+
+
+def manifest():
+    """Return the upstream-bound paths, in the order ``upstream_bound.txt`` lists them (sections included)."""
+    return [path for path, _ in _entries()]
+
+
+def sections():
+    """Return ``{section: target}``: the listed files inserted into an upstream file, not carried whole."""
+    return {path: target for path, target in _entries() if target}
+
+
+def carried():
+    """Return the listed files the patch carries at their own paths."""
+    return [path for path, target in _entries() if not target]
 
 
 def _insert_sorted(text, path, pattern, new_line, what):
@@ -89,25 +117,64 @@ def _already(text, path, needle):
 # -- Wiring edits: each takes DIR's text of one upstream file, returns the new text.
 
 
-def _test_classes(path):
-    """Return the names of the TestCase classes a new test module defines."""
-    with open(os.path.join(ROOT, path)) as f:
+def _test_classes(path, root=ROOT):
+    """Return the ``TestGradMode*`` classes test module *path* defines, read from its source.
+
+    Every module-level ``Test*`` class must be one of them: another would not
+    run upstream, where only what ``test_autograd.py`` imports runs.
+    """
+    with open(os.path.join(root, path)) as f:
         tree = ast.parse(f.read(), path)
-    return [
-        node.name
-        for node in tree.body
-        if isinstance(node, ast.ClassDef) and node.name.startswith("Test")
-    ]
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.startswith("Test")]
+    others = [name for name in classes if not name.startswith(TEST_CLASS_PREFIX)]
+    if others:
+        raise ExportError(
+            f"{path}: {', '.join(others)} would not run upstream: test/test_autograd.py imports only "
+            f"{TEST_CLASS_PREFIX}* classes (rename it)"
+        )
+    # instantiate_device_type_tests(C, globals()) replaces C by per-device classes: nothing named C to import.
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "instantiate_device_type_tests"
+            and node.args
+            and getattr(node.args[0], "id", None) in classes
+        ):
+            raise ExportError(
+                f"{path}: {node.args[0].id} is instantiated per device type, so the module has no class of "
+                "that name to import; test/test_autograd.py instantiates device-type tests itself"
+            )
+    return classes
+
+
+def _module_names(text, path):
+    """Return the names a Python module binds at its top level."""
+    try:
+        tree = ast.parse(text, path)
+    except SyntaxError as e:
+        raise ExportError(f"{path} is not valid Python ({e.msg}, line {e.lineno})") from None
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+    return names
 
 
 def wire_test_imports(text, path):
-    """Import the new test modules' classes beside ``autograd/test_complex.py``'s."""
-    for test in (p for p in manifest() if p.startswith("test/autograd/")):
+    """Import the new test modules' ``TestGradMode*`` classes beside ``autograd/test_complex.py``'s."""
+    for test in (p for p in carried() if p.startswith("test/autograd/")):
         module = os.path.splitext(os.path.relpath(test, "test"))[0].replace(os.sep, ".")
         _already(text, path, f"from {module} import")
         names = sorted(_test_classes(test))
         if not names:
-            raise ExportError(f"{test}: defines no Test* class to import")
+            raise ExportError(f"{test}: defines no {TEST_CLASS_PREFIX}* class to import")
+        taken = sorted(set(names) & _module_names(text, path))
+        if taken:
+            raise ExportError(f"{path} already defines or imports {', '.join(taken)}, which {test} defines too")
         line = f"from {module} import {', '.join(names)}  # noqa: F401\n"
         if len(line) > 89:
             body = "".join(f"    {name},\n" for name in names)
@@ -183,19 +250,29 @@ def wire_trace_rules(text, path):
     return _in_list(text, path, "torch_c_binding_in_graph_functions = dict.fromkeys(", "\n    ],", edit)
 
 
-def wire_notes_link(text, path):
-    """Point the autograd notes' "Grad Modes" section at the new page."""
-    _already(text, path, f"{{doc}}`{NOTES_PAGE}`")
-    anchor = re.compile(r"^### Grad Modes\n\n(?:.+\n)+", re.M)
-    m = anchor.search(text)
-    if not m:
-        raise ExportError(f"{path}: no '### Grad Modes' heading and paragraph to link the notes page after")
-    note = (
-        "\n"
-        "How the grad-mode decorators treat generators, coroutines and async\n"
-        f"generators is described in {{doc}}`{NOTES_PAGE}`.\n"
-    )
-    return text[:m.end()] + note + text[m.end():]
+def wire_notes_section(text, path):
+    """Insert the docs sections that target the autograd notes after their "Grad Modes" material.
+
+    That material is "Grad Modes" and one subsection per mode, "Inference Mode"
+    the last: a section goes before the heading (and its label, if any) that
+    follows "Inference Mode", or at the end of the file.
+    """
+    for section in (s for s, target in sections().items() if target == path):
+        block = _read(os.path.join(ROOT, section), section).strip("\n") + "\n"
+        _already(text, path, block.splitlines()[0])
+        start = re.search(r"^### Inference Mode[ \t]*\n", text, re.M)
+        if not start:
+            raise ExportError(f"{path}: no '### Inference Mode' heading to put {section} after its subsection")
+        heading = re.compile(r"^#{1,3} ", re.M).search(text, start.end())
+        at = heading.start() if heading else len(text)
+        label = re.search(r"^\([\w-]+\)=\n\s*\Z", text[start.end():at], re.M)
+        if label:
+            at = start.end() + label.start()
+        # Only added lines: a blank line before the section and after it, as between upstream's.
+        head, tail = text[:at], text[at:]
+        gap = "" if head.endswith("\n\n") else "\n" if head.endswith("\n") else "\n\n"
+        text = head + gap + block + ("\n" + tail if tail else "")
+    return text
 
 
 WIRING = {
@@ -204,7 +281,7 @@ WIRING = {
     "build_variables.bzl": wire_build_list,
     "torch/_C/__init__.pyi.in": wire_stubs,
     "torch/_dynamo/trace_rules.py": wire_trace_rules,
-    "docs/source/notes/autograd.md": wire_notes_link,
+    NOTES: wire_notes_section,
 }
 
 
@@ -308,10 +385,13 @@ def export(upstream, out, skip_missing=False):
     check_tree(upstream)
     check_out(out)
     upstream = os.path.abspath(upstream)
-    files = manifest()
-    for path in files:
+    for path in manifest():
         if not os.path.isfile(os.path.join(ROOT, path)):
             raise ExportError(f"{path} is listed in tools/upstream_bound.txt but this checkout has no such file")
+    for section, target in sections().items():
+        if target not in WIRING:
+            raise ExportError(f"tools/upstream_bound.txt: {section} -> {target}: the export cannot insert there")
+    files = carried()
     check_base(upstream, files)
     missing = [p for p in WIRING if not os.path.isfile(os.path.join(upstream, p))]
     if missing and not skip_missing:
