@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# Lint the Python files the pull request carries (tools/upstream_bound.txt) the
-# way upstream PyTorch's lintrunner does, with upstream's rules restated in
-# lint/upstream/ and upstream's tool versions pinned in requirements-dev.txt
-# (ruff, mypy, pyrefly, xdoctest) and lint/upstream/requirements-flake8.txt
-# (flake8 and its plugins, in a venv of their own under build/).
+# Lint the files the pull request carries under test/ and torch/
+# (tools/upstream_bound.txt) the way upstream PyTorch's lintrunner does, with
+# upstream's rules restated in lint/upstream/ and upstream's tool versions
+# pinned in requirements-dev.txt (ruff, mypy, pyrefly, xdoctest, clang-format,
+# clang-tidy) and lint/upstream/requirements-flake8.txt (flake8 and its
+# plugins, in a venv of their own under build/).
 #
 #   ruff check, ruff format --check   every listed .py file
 #   flake8                            every listed .py file
-#   mypy, pyrefly                     the listed files under torch/ (upstream's
-#                                     MYPY and PYREFLY linters cover torch/ and
-#                                     a fixed list of tests, none of ours)
+#   mypy, pyrefly                     the listed .py files under torch/
+#                                     (upstream's MYPY and PYREFLY linters
+#                                     cover torch/ and a fixed list of tests,
+#                                     none of ours)
 #   xdoctest                          the docstring examples of the listed
 #                                     modules under torch/, as upstream's
 #                                     run_test.py --xdoctest runs them
+#   clang-format --dry-run --Werror   every listed C++ file (.cpp, .h)
+#   clang-tidy                        every listed C++ file, reporting on the
+#                                     checkout's own headers under torch/ too
 #
 # mypy and pyrefly check a link tree of the installed torch wheel
 # (build/lint-upstream/tree) with the checkout's modules in place of the
 # wheel's, and torch/_C/__init__.pyi extended by
 # lint/upstream/autograd_mode_state.pyi: the declarations the pull request adds
 # to upstream's torch/_C/__init__.pyi.in for the binding's names.
+#
+# clang-tidy reads build/lint-upstream/compile_commands.json, written here as
+# setup.py builds the binding: -std=c++20, the checkout's root, the installed
+# wheel's torch/include and torch/include/torch/csrc/api/include, and the
+# venv's Python headers as include directories.
 #
 # One summary line per linter; exit status 1 if any linter found anything (or
 # failed to run).  VENV (default .venv) is the venv made by tools/setup_env.sh.
@@ -27,9 +37,11 @@
 #   bash tools/lint_upstream.sh           the checkout's files
 #   bash tools/lint_upstream.sh --stock   the installed wheel's own copies of
 #                                         the listed torch/ modules, through
-#                                         the same linters: stock torch is
-#                                         clean upstream, so it must be clean
-#                                         here too, or lint/upstream/ is wrong
+#                                         the same Python linters: stock torch
+#                                         is clean upstream, so it must be
+#                                         clean here too, or lint/upstream/ is
+#                                         wrong (the C++ files are new: not
+#                                         linted with --stock)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -59,18 +71,25 @@ fi
 WHEEL=$(TORCH_GRADMODE_OVERLAY=0 "$PY" -c \
     "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))")
 
-files=()
-torch_files=()
+files=()        # .py files under test/ and torch/
+torch_files=()  # those under torch/
+cxx_files=()    # C++ files under test/ and torch/
 while IFS= read -r line; do
     line=${line%%#*}
     line=${line//[[:space:]]/}
+    line=${line%%->*} # "FILE -> UPSTREAM_PATH": the checkout's FILE
     case $line in
-    *.py) ;;
+    test/* | torch/*) ;;
+    *) continue ;;
+    esac
+    case $line in
+    *.py) kind=py ;;
+    *.cpp | *.cc | *.h | *.hpp) kind=cxx ;;
     *) continue ;;
     esac
     if [ $STOCK -eq 1 ]; then
-        case $line in
-        torch/*)
+        case $kind:$line in
+        py:torch/*)
             files+=("$WHEEL/${line#torch/}")
             torch_files+=("$line")
             ;;
@@ -79,6 +98,10 @@ while IFS= read -r line; do
     fi
     if [ ! -f "$line" ]; then
         echo "note: $line is listed in tools/upstream_bound.txt but does not exist yet: skipped"
+        continue
+    fi
+    if [ $kind = cxx ]; then
+        cxx_files+=("$line")
         continue
     fi
     files+=("$line")
@@ -261,6 +284,71 @@ EOF
     skipped=$(count skipped)
     failed=$(count failed)
     report xdoctest $rc "${#modules[@]} modules; $passed passed, $skipped skipped, $failed failed"
+fi
+
+# --- clang-format, clang-tidy ----------------------------------------------
+nc=${#cxx_files[@]}
+if [ $STOCK -eq 1 ]; then
+    echo "clang-format, clang-tidy: nothing to check with --stock (the listed C++ files are new)"
+elif [ "$nc" -eq 0 ]; then
+    echo "clang-format, clang-tidy: nothing to check (no listed C++ file under test/ or torch/)"
+else
+    if [ ! -x "$VENV/bin/clang-format" ]; then
+        report clang-format 1 "not installed in $VENV: run tools/setup_env.sh"
+    else
+        run clang-format "$VENV/bin/clang-format" --dry-run --Werror --style="file:$CFG/clang-format.yaml" "${cxx_files[@]}"
+        rc=$?
+        report clang-format $rc "$nc files; $(grep -cE '^[^ ]+:[0-9]+:[0-9]+: (error|warning): ' "$WORK/out") findings"
+    fi
+
+    # The compile commands: the binding's flags from setup.py, with the
+    # installed wheel's headers and the venv's Python headers.
+    if [ ! -x "$VENV/bin/clang-tidy" ]; then
+        report clang-tidy 1 "not installed in $VENV: run tools/setup_env.sh"
+    elif ! TORCH_GRADMODE_OVERLAY=0 "$PY" - "$WORK/compile_commands.json" "$ROOT" "$WHEEL" "${cxx_files[@]}" <<'EOF'; then
+import json
+import os
+import sys
+import sysconfig
+
+out, root, wheel, *paths = sys.argv[1:]
+include = os.path.join(wheel, "include")
+flags = ["-std=c++20", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+for d in (
+    root,
+    include,
+    os.path.join(include, "torch", "csrc", "api", "include"),
+    sysconfig.get_paths()["include"],
+):
+    flags.append("-I" + d)
+commands = [
+    {
+        "directory": root,
+        "file": os.path.join(root, path),
+        "arguments": [
+            "c++",
+            *flags,
+            "-x",
+            "c++-header" if path.endswith((".h", ".hpp")) else "c++",
+            "-c",
+            path,
+        ],
+    }
+    for path in paths
+]
+with open(out, "w") as f:
+    json.dump(commands, f, indent=1)
+EOF
+        report clang-tidy 1 "could not write the compile commands"
+    else
+        # Findings in the checkout's own headers under torch/ only: not in the
+        # wheel's (the venv, inside the checkout, has a torch/csrc/ too).
+        root_re=$(printf '%s' "$ROOT" | sed 's/[][\.*^$(){}?+|]/\\&/g')
+        run clang-tidy "$VENV/bin/clang-tidy" --quiet -p "$WORK" --config-file="$CFG/clang-tidy.yaml" \
+            --header-filter="^$root_re/torch/" "${cxx_files[@]}"
+        rc=$?
+        report clang-tidy $rc "$nc files; $(grep -cE '^[^ ]+:[0-9]+:[0-9]+: (error|warning): .*\]$' "$WORK/out") findings"
+    fi
 fi
 
 exit $status

@@ -16,7 +16,7 @@ import inspect
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, cast, overload, TypeVar
 from typing_extensions import Self
 
@@ -143,7 +143,8 @@ _drive_step = types.coroutine(_driver(lambda body, awaitable: (body, awaitable))
 def _finalize(body, agen):
     """Close *agen*, collected before the wrapper that steps it, in its body's state."""
     try:
-        _drive_step(body, agen.aclose()).send(None)
+        # A generator at run time: types.coroutine only flags its code.
+        cast(Generator, _drive_step(body, agen.aclose())).send(None)
     except StopIteration:
         pass
 
@@ -274,7 +275,7 @@ class _DecoratorContextManager:
     # swap) pair for the thread state they set, if that is all they set; and
     # _wrap_call(ctx, func), a faster way to wrap a plain function in ctx.
     _carried_state: tuple[Callable[[], Any], Callable[[Any], Any]] | None = None
-    _wrap_call: Callable[[Any, F], F] | None = None
+    _wrap_call: Callable[[Any, FuncType], FuncType] | None = None
 
     def __call__(self, orig_func: F) -> F:
         if inspect.isclass(orig_func):
@@ -316,7 +317,6 @@ class _DecoratorContextManager:
     def clone(self):
         """Return a fresh copy of this context manager; override if ``__init__`` takes arguments."""
         return self.__class__()
-
 
 
 class _NoParamDecoratorContextManager(_DecoratorContextManager):

@@ -34,10 +34,11 @@ struct KeyBits {
 // InferenceMode].  Removing keys ignores backend bits, so those of the
 // excluded set go with the autograd keys.
 constexpr KeyBits kInferenceBits{
-    c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView),
-    c10::autograd_dispatch_keyset |
+    .included = c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView),
+    .excluded = c10::autograd_dispatch_keyset |
         c10::DispatchKeySet(
-            c10::DispatchKeySet::RAW, (uint64_t{1} << c10::num_backends) - 1)};
+                    c10::DispatchKeySet::RAW,
+                    (uint64_t{1} << c10::num_backends) - 1)};
 
 // ``to`` with the bits of ``from`` where ``mask`` is set.
 c10::DispatchKeySet overlay(
@@ -46,8 +47,7 @@ c10::DispatchKeySet overlay(
     c10::DispatchKeySet mask) {
   return c10::DispatchKeySet(
       c10::DispatchKeySet::RAW,
-      (to.raw_repr() & ~mask.raw_repr()) |
-          (from.raw_repr() & mask.raw_repr()));
+      (to.raw_repr() & ~mask.raw_repr()) | (from.raw_repr() & mask.raw_repr()));
 }
 
 struct AutogradModeState {
@@ -59,8 +59,8 @@ struct AutogradModeState {
   bool is_body = false;
 };
 
+// NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
 struct THPAutogradModeState {
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   PyObject_HEAD
   AutogradModeState state;
 };
@@ -153,8 +153,8 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
   }
   // A body whose inference mode is not the thread's takes all the bits:
   // inference mode sets them all, even to what they were.
-  bool toggles = now->autograd.get_inference_mode() !=
-      state.autograd.get_inference_mode();
+  bool toggles =
+      now->autograd.get_inference_mode() != state.autograd.get_inference_mode();
   const KeyBits& owned =
       state.is_body && !toggles ? state.owned : kInferenceBits;
   auto keys = now->keys;
@@ -166,16 +166,15 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
     now->owned = state.owned;
   } else {
     // The body's bits: those it set before, and those it changed since.
-    now->owned = toggles ? kInferenceBits
-                         : KeyBits{
-                               state.owned.included |
-                                   ((now->keys.included_ ^
-                                     state.keys.included_) &
-                                    kInferenceBits.included),
-                               state.owned.excluded |
-                                   ((now->keys.excluded_ ^
-                                     state.keys.excluded_) &
-                                    kInferenceBits.excluded)};
+    now->owned = toggles
+        ? kInferenceBits
+        : KeyBits{
+              .included = state.owned.included |
+                  ((now->keys.included_ ^ state.keys.included_) &
+                   kInferenceBits.included),
+              .excluded = state.owned.excluded |
+                  ((now->keys.excluded_ ^ state.keys.excluded_) &
+                   kInferenceBits.excluded)};
     now->is_body = true;
   }
   c10::AutogradState::set_tls_state(state.autograd);
