@@ -16,7 +16,7 @@ import inspect
 import sys
 import types
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, cast, overload, TypeVar
 from typing_extensions import Self
 
@@ -38,6 +38,8 @@ def _without_dynamo(func, *args, **kwargs):
     # Dynamo converts any frame without CO_GENERATOR, so coroutine and async
     # generator bodies made or stepped in a graph break would run converted
     # (on Python 3.11, with a heap overrun): run them eagerly instead.
+    if _get_eval_frame_callback() is None:
+        return func(*args, **kwargs)  # and Dynamo, tracing, cannot set it
     prior = _set_eval_frame(None)
     try:
         return func(*args, **kwargs)
@@ -137,14 +139,13 @@ def _is_closed(body):
     return isinstance(body, types.AsyncGeneratorType) and body.ag_frame is None
 
 
-_drive_step = types.coroutine(_driver(lambda body, awaitable: (body, awaitable)))
+_drive_step = _async_driver(lambda body, awaitable: (body, awaitable))
 
 
 def _finalize(body, agen):
     """Close *agen*, collected before the wrapper that steps it, in its body's state."""
     try:
-        # A generator at run time: types.coroutine only flags its code.
-        cast(Generator, _drive_step(body, agen.aclose())).send(None)
+        _drive_step(body, agen.aclose()).send(None)
     except StopIteration:
         pass
 
