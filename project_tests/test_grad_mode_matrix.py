@@ -7,8 +7,10 @@ an async generator: every step of the body runs in the decorator's mode and keep
 the mode blocks the body opens itself across its own suspensions; after every step
 the caller is in exactly its own mode again, whatever the step did; everything else
 about the function is as undecorated (see docs/source/notes/grad_mode_suspend.md).
+Every other decorating context is not a grad mode: it is entered afresh around each
+step and owns no autograd state.
 
-The test classes (imported by test/test_autograd.py):
+The exhaustive project-only matrix; the test classes:
 
 * generators: ``TestGradModeGenerators`` (the basic cases, for every decorator),
   ``TestGradModeBodyContinuity`` (the body keeps its own mode across ``yield``),
@@ -686,8 +688,9 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
         self.assertTrue(inspect.isgeneratorfunction(Model.static_gen))
 
     def test_other_decorator_context_managers_reenter_each_step(self):
-        # A subclass outside torch: a fresh clone is entered around every step,
-        # and the grad mode stays isolated from the caller.
+        # A subclass outside torch is not a grad mode: a fresh clone is
+        # entered around every step, and the body's own grad mode block is
+        # the thread's between steps, as undecorated.
         log = []
 
         class Tracing(_DecoratorContextManager):
@@ -703,7 +706,16 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
                 yield torch.is_grad_enabled()
                 yield torch.is_grad_enabled()
 
-        self.assertEqual(list(gen()), [False, False])
+        between = []
+        for seen in gen():
+            between.append((seen, torch.is_grad_enabled(), list(log)))
+        self.assertEqual(
+            between,
+            [
+                (False, False, ["enter", "exit"]),
+                (False, False, ["enter", "exit"] * 2),
+            ],
+        )
         self.assertEqual(log, ["enter", "exit"] * 3)
         self.assertTrue(torch.is_grad_enabled())
 
@@ -1897,22 +1909,6 @@ def faulty(where, at, log=None):
     return Faulty()
 
 
-def broken_after_first_entry():
-    """A _DecoratorContextManager whose ``__enter__`` raises from its second call on."""
-    calls = {"n": 0}
-
-    class Broken(_DecoratorContextManager):
-        def __enter__(self):
-            calls["n"] += 1
-            if calls["n"] > 1:
-                raise CMError("enter")
-
-        def __exit__(self, *exc):
-            return None
-
-    return Broken()
-
-
 # (kind of function, at which call the context manager fails): a plain
 # function enters its context only once.
 FAULT_CASES = [
@@ -2141,6 +2137,10 @@ class TestGradModeFaults(GradModeTestCase):
             self.assertEqual(mode_state(), PLAIN)
         return results
 
+    # A context (not a grad mode: entered around every step) whose clone,
+    # __enter__ or __exit__ raises: its error propagates and the caller's mode
+    # is intact.  A body it leaves suspended is closed when it is collected, as
+    # stock torch does with a generator.
     @parametrize("kind,at", FAULT_CASES)
     @parametrize("where", ["enter", "exit", "clone"])
     def test_context_manager_raises(self, where, kind, at):
@@ -2150,39 +2150,6 @@ class TestGradModeFaults(GradModeTestCase):
         for raised, intact in results[1:]:
             self.assertTrue(intact)
             self.assertIsNone(raised)
-
-    def test_context_manager_failing_before_coroutine_starts_does_not_warn(self):
-        # The caller did await the decorated coroutine; Python must not warn
-        # that the body "was never awaited" because the context failed first.
-        async def coro():
-            return 1
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with self.assertRaises(CMError):
-                drive(faulty("enter", 1)(coro)())
-            gc.collect()
-        runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
-        self.assertEqual([str(w.message) for w in runtime], [])
-
-    def test_context_manager_failing_before_async_generator_starts_does_not_warn(
-        self,
-    ):
-        # The same for an async generator: its first asend, made but never
-        # started, must not be reported as never awaited (Python 3.13 does).
-        async def agen():
-            yield 1
-
-        async def consume():
-            return [x async for x in faulty("enter", 1)(agen)()]
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with self.assertRaises(CMError):
-                drive(consume())
-            gc.collect()
-        runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
-        self.assertEqual([str(w.message) for w in runtime], [])
 
     def test_context_manager_raises_on_every_step(self):
         # No step at all can run: the body never starts, the caller's mode is
@@ -2207,161 +2174,6 @@ class TestGradModeFaults(GradModeTestCase):
                     next(gen())
                 self.assertEqual(mode_state(), state)
         self.assertEqual(started, [])
-
-    # A context manager whose __enter__ or __exit__ raises on a later step,
-    # while the body is suspended inside a mode block of its own: the error
-    # propagates, and the body is closed at once, in its own mode, without the
-    # failing context.  (Were it dropped and closed later, in whatever mode the
-    # thread then has, its own ``with`` exit would overwrite the caller's mode.)
-    def test_context_manager_failing_for_good_does_not_stop_the_close(self):
-        # A context manager that keeps failing after its first entry: the
-        # suspended body is still closed at once, in its own mode, so the
-        # context is not entered again for that close.
-        seen = []
-
-        @broken_after_first_entry()
-        def gen():
-            with torch.enable_grad():
-                try:
-                    yield 1
-                    yield 2
-                finally:
-                    seen.append(mode_state())
-
-        it = gen()
-        next(it)  # the body's block opens while the caller has grad on
-        with torch.no_grad():
-            with self.assertRaises(CMError):
-                next(it)
-            # Closing the body ran its ``with`` exit, which restores grad on
-            # for the body -- not for this caller.
-            self.assertEqual(mode_state(), NO_GRAD)
-        self.assertEqual(seen, [PLAIN])
-        del it
-        gc.collect()
-        self.assertEqual(mode_state(), PLAIN)
-
-    def test_body_failing_to_close_after_context_failure(self):
-        # The body closed at once after its context failed raises while
-        # closing: the context's error is the one that propagates, and the
-        # body's clean-up still ran in its own mode.
-        seen = []
-
-        @broken_after_first_entry()
-        def gen():
-            with torch.enable_grad():
-                try:
-                    yield 1
-                    yield 2
-                finally:
-                    seen.append(mode_state())
-                    raise ValueError("clean-up failed")
-
-        it = gen()
-        next(it)
-        with torch.no_grad():
-            with self.assertRaises(CMError) as caught:
-                next(it)
-            self.assertEqual(mode_state(), NO_GRAD)
-        self.assertNotIsInstance(caught.exception.__context__, ValueError)
-        self.assertEqual(seen, [PLAIN])
-        self.assertIsNone(it.gi_frame)  # closed, not left for the collector
-
-    def test_context_manager_raises_while_body_suspended_in_own_block(self):
-        # All four cases in one check, each run to the end before comparing.
-        outcomes = {}
-        for kind in ("gen", "coro"):
-            for where in ("enter", "exit"):
-                seen = []
-                ctx = faulty(where, 2 if where == "enter" else 1)
-
-                def gen():
-                    with torch.enable_grad():
-                        try:
-                            yield 1
-                            yield 2
-                        finally:
-                            seen.append(mode_state())
-
-                async def coro():
-                    with torch.enable_grad():
-                        try:
-                            await suspend()
-                            await suspend()
-                        finally:
-                            seen.append(mode_state())
-
-                with torch.no_grad():
-                    it = ctx(gen)() if kind == "gen" else ctx(coro)()
-                    if where == "enter":
-                        it.send(None)
-                try:
-                    it.send(None)
-                    raised = None
-                except CMError as e:
-                    raised = str(e)
-                del it
-                gc.collect()
-                after = mode_state()
-                torch._C._set_grad_enabled(True)
-                outcomes[kind, where] = (raised, after, seen)
-        # The context manager's error propagates, the caller (grad on) keeps
-        # its mode, and the body's finally runs in the body's mode (grad on
-        # inside its enable_grad block).
-        self.assertEqual(outcomes, {key: (key[1], PLAIN, [PLAIN]) for key in outcomes})
-
-    def test_context_manager_raises_while_async_generator_suspended_in_own_block(
-        self,
-    ):
-        # The async-generator twin of the test above.  The body can be left
-        # suspended at a ``yield`` (the failing step had not started it) or at
-        # an ``await`` inside an item (the failing step had); either way it is
-        # closed at once, in its own mode, rather than dropped with its ``with``
-        # exit left to run at collection, in the collector's caller's mode.
-        outcomes = {}
-        for where, at, left_at in (
-            ("enter", 2, "yield"),
-            ("exit", 1, "yield"),
-            ("enter", 3, "await"),
-            ("exit", 2, "await"),
-            ("clone", 3, "await"),
-        ):
-            seen = []
-            ctx = faulty(where, at)
-
-            async def agen():
-                with torch.enable_grad():
-                    try:
-                        yield 1
-                        await suspend()
-                        yield 2
-                    finally:
-                        seen.append(mode_state())
-
-            with torch.no_grad():
-                it = ctx(agen)()
-                raised = None
-                try:
-                    drive(it.__anext__())
-                    drive(it.__anext__())
-                except CMError as e:
-                    raised = str(e)
-                during = mode_state()
-                closed_at_once = list(seen)
-            del it
-            gc.collect()
-            outcomes[where, at, left_at] = (
-                raised,
-                during,
-                closed_at_once,
-                mode_state(),
-                seen,
-            )
-        # The context manager's error propagates, the caller (grad off) keeps
-        # its mode, and the body's finally runs at once, in the body's mode
-        # (grad on inside its enable_grad block), and only once.
-        expected = {key: (key[0], NO_GRAD, [PLAIN], PLAIN, [PLAIN]) for key in outcomes}
-        self.assertEqual(outcomes, expected)
 
     # -- asyncio cancellation and timeouts -------------------------------------
 
@@ -2909,14 +2721,21 @@ class TestGradModeGarbageCollection(GradModeTestCase):
         }[kind]
         wrapper = make()
         start(wrapper)
+        # The body object the suspended wrapper steps, whatever its name there.
         frame = getattr(wrapper, "gi_frame", None) or wrapper.cr_frame
-        body = frame.f_locals["body"]
+        code = make.__wrapped__.__code__
+        (body,) = [
+            value
+            for value in frame.f_locals.values()
+            if code
+            in (getattr(value, "gi_code", None), getattr(value, "cr_code", None))
+        ]
         body.close()
         wrapper.close()  # neither RuntimeError nor a second close of the body
         self.assertTrue(torch.is_grad_enabled())
 
     def test_reentered_context_wrappers_create_no_cycles(self):
-        # A context without a known effect is re-entered at every step: the
+        # A context that is not a grad mode is re-entered at every step: the
         # step frames in a failure's traceback must not keep the body and the
         # thrown exception alive in a cycle.
         class Plain(_DecoratorContextManager):
@@ -3111,9 +2930,9 @@ class TestGradModeDriverDetails(GradModeTestCase):
     @parametrize("kind", ["gen", "coro", "agen"])
     @parametrize("caller", list(CALLER_MODES))
     def test_neutral_context_manager_body_starts_in_caller_mode(self, caller, kind):
-        # A context manager that leaves grad mode alone changes nothing: every
-        # step of the body sees its caller's mode, whatever that is -- also the
-        # first, when the driver builds the body's state from the caller's.
+        # A context manager that is not a grad mode changes nothing of the
+        # autograd state: every step of the body sees its caller's mode,
+        # whatever that is.
         class Neutral(_DecoratorContextManager):
             def __enter__(self):
                 pass
@@ -3314,17 +3133,25 @@ class TestGradModeDriverDetails(GradModeTestCase):
         self.assertEqual(got[2:5], want[2:5])
         self.assertEqual(got[5], (True, inf))
 
-    @parametrize("declared", ["by_the_class", "by_a_base"])
-    def test_reenter_false_subclass_enters_once(self, declared):
+    @parametrize(
+        "declared", ["by_the_class", "inherited", "overridden", "redeclared"]
+    )
+    def test_carried_state_is_read_from_the_defining_class(self, declared):
+        # A class declares with _carried_state the thread state its __enter__
+        # and __exit__ set; the declaration is read from the class that
+        # defines them.  Carried: entered once, to start the body's state,
+        # which the body keeps across yields.  Not carried (a subclass that
+        # overrides __enter__ without declaring it again): entered around
+        # every step, which overrides the body's own block from the second
+        # step on, as stock torch does for generators.
+        carried = (
+            torch._C._get_autograd_mode_state,
+            torch._C._swap_autograd_mode_state,
+        )
         log = []
 
         class Once(_DecoratorContextManager):
-            # Declares that entering only sets grad mode (both spellings the
-            # decorators have used; only the defining class is trusted with it).
-            _only_sets_grad_mode = True
-
-            def _grad_mode_effect(self):
-                return ("grad", False)
+            _carried_state = carried
 
             def __enter__(self):
                 log.append("enter")
@@ -3335,28 +3162,46 @@ class TestGradModeDriverDetails(GradModeTestCase):
                 log.append("exit")
                 torch._C._set_grad_enabled(self.prev)
 
-        class Again(Once):
-            pass  # does not declare it itself: entered around every step
+        class Inherited(Once):
+            pass  # the same __enter__ and __exit__: carried too
 
-        cls, want = {
-            "by_the_class": (Once, ["enter", "exit"]),
-            "by_a_base": (Again, ["enter", "exit"] * 3),
+        class Overridden(Once):
+            def __enter__(self):
+                super().__enter__()
+
+        class Redeclared(Overridden):
+            _carried_state = carried
+
+            def __exit__(self, *exc):
+                super().__exit__(*exc)
+
+        cls, want_log, want_seen = {
+            "by_the_class": (Once, ["enter", "exit"], [False, True, True]),
+            "inherited": (Inherited, ["enter", "exit"], [False, True, True]),
+            "overridden": (Overridden, ["enter", "exit"] * 4, [False, True, False]),
+            "redeclared": (Redeclared, ["enter", "exit"], [False, True, True]),
         }[declared]
 
         @cls()
         def gen():
             yield torch.is_grad_enabled()
-            yield torch.is_grad_enabled()
+            with torch.enable_grad():
+                yield torch.is_grad_enabled()
+                yield torch.is_grad_enabled()
 
-        self.assertEqual(list(gen()), [False, False])
-        self.assertEqual(log, want)
+        seen = []
+        for value in gen():
+            seen.append(value)
+            self.assertTrue(torch.is_grad_enabled())
+        self.assertEqual(seen, want_seen)
+        self.assertEqual(log, want_log)
 
     @parametrize("kind", ["generator", "coroutine", "async_generator"])
     def test_private_wrappers_reenter_by_default(self, kind):
         # _wrap_generator(ctx_factory, func) enters a fresh context around
-        # every step; the async twins follow it.  Called that way (no reenter
-        # argument, as context_decorator never calls them), they must still
-        # re-enter: the default is for such callers.
+        # every step; the async twins follow it.  Called without the carried
+        # state (as context_decorator calls them for a context that is not a
+        # grad mode), they re-enter: that is the default.
         from torch.utils._contextlib import (
             _wrap_async_generator,
             _wrap_coroutine,
@@ -3402,11 +3247,10 @@ class TestGradModeDriverDetails(GradModeTestCase):
 
     @parametrize("cls_name", ["CountedNoGrad", "Sub"])
     def test_no_param_subclass_keeps_cooperative_new(self, cls_name):
-        # _NoParamDecoratorContextManager looks up the next __new__ once per
-        # class instead of calling super() per block: a base with its own
-        # __new__ later in a subclass's MRO must still be called, by the
-        # subclass and by its own subclasses, in a block and as a bare
-        # decorator.
+        # A base with its own __new__ later in the MRO of a subclass of
+        # no_grad (a _NoParamDecoratorContextManager) must still be called, by
+        # the subclass and by its own subclasses, in a block and as a bare
+        # decorator; and a base's __init_subclass__ still runs.
         made = []
         subclassed = []
 
@@ -3416,7 +3260,6 @@ class TestGradModeDriverDetails(GradModeTestCase):
                 return super().__new__(cls)
 
             def __init_subclass__(cls, **kwargs):
-                # Reached through _NoParamDecoratorContextManager's own hook.
                 super().__init_subclass__(**kwargs)
                 subclassed.append(cls.__name__)
 

@@ -363,24 +363,36 @@ class TestGradModeKeyGuards(TestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContexts(TestCase):
-    """A context without a known effect is re-entered at every step, but the body
-    keeps its own mode."""
+    """A subclass of a grad mode that keeps its __enter__ and __exit__ is a grad
+    mode: the body keeps its own block across its suspensions.  One that
+    overrides __enter__ is not: it is entered around each step, and the body's
+    block is overridden by it from the second step on, as stock torch does for
+    generators."""
 
+    @parametrize("subclass", ["plain", "overriding_enter"])
     @parametrize("kind", KINDS)
-    def test_body_keeps_its_own_block_under_a_subclass(self, kind):
-        class Subclass(torch.no_grad):  # defines no _grad_mode_effect of its own
+    def test_body_block_under_a_subclass(self, kind, subclass):
+        class Plain(torch.no_grad):
             pass
+
+        class OverridingEnter(torch.no_grad):
+            def __enter__(self):
+                super().__enter__()
+
+        cls = {"plain": Plain, "overriding_enter": OverridingEnter}[subclass]
 
         def run():
             seen, between = [], []
-            body = Subclass()(
-                _body(kind, torch.enable_grad, torch.is_grad_enabled, seen)
-            )
+            body = cls()(_body(kind, torch.enable_grad, torch.is_grad_enabled, seen))
             with torch.no_grad():
                 _drive(kind, body, lambda: between.append(torch.is_grad_enabled()))
             return seen, between
 
-        self.assertEqual(on_own_thread(run), ([True] * (STEPS + 1), [False] * STEPS))
+        expected = {
+            "plain": ([True] * (STEPS + 1), [False] * STEPS),
+            "overriding_enter": ([True] + [False] * STEPS, [False] * STEPS),
+        }[subclass]
+        self.assertEqual(on_own_thread(run), expected)
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
