@@ -25,7 +25,9 @@ The exhaustive project-only matrix; the test classes:
   ``TestGradModeThreads``, ``TestGradModeGarbageCollection``,
   ``TestGradModeBadInput``, ``TestGradModeDriverDetails``,
   ``TestGradModeOtherContextManagers`` (the other switches of
-  ``torch.autograd.grad_mode``).
+  ``torch.autograd.grad_mode``);
+* scope: ``TestGradModeScopeMatrix`` (contexts that are not grad modes, on every
+  kind of function that suspends).
 """
 
 import asyncio
@@ -34,6 +36,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import itertools
 import random
 import threading
 import traceback
@@ -41,6 +44,9 @@ import tracemalloc
 import types
 import unittest
 import warnings
+from collections.abc import Callable
+from typing import NamedTuple
+from unittest import mock
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -2932,7 +2938,8 @@ class TestGradModeDriverDetails(GradModeTestCase):
     def test_neutral_context_manager_body_starts_in_caller_mode(self, caller, kind):
         # A context manager that is not a grad mode changes nothing of the
         # autograd state: every step of the body sees its caller's mode,
-        # whatever that is.
+        # whatever that is (see TestGradModeScopeMatrix for callers that change
+        # their mode between steps).
         class Neutral(_DecoratorContextManager):
             def __enter__(self):
                 pass
@@ -3464,6 +3471,300 @@ class TestGradModeOtherContextManagers(GradModeTestCase):
             context_decorator(lambda: torch.no_grad(), Model)
 
 
+# ---------------------------------------------------------------------------
+# Scope: contexts that are not grad modes
+# ---------------------------------------------------------------------------
+
+
+class _PlainContext(_DecoratorContextManager):
+    """A third-party _DecoratorContextManager subclass that sets nothing."""
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _PlainManager:
+    """A context manager that sets nothing, for context_decorator's factory."""
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _NoGradOverridingEnter(torch.no_grad):
+    """A subclass of no_grad that overrides __enter__ (and does not declare the
+    state it carries): no longer a grad mode."""
+
+    def __enter__(self):
+        super().__enter__()
+
+
+def _current_stance():
+    return torch._dynamo.eval_frame._stance.stance
+
+
+class _ScopeContext(NamedTuple):
+    decorator: Callable  # makes what goes after the ``@``
+    fresh: Callable  # makes a context as the decoration enters at each step
+    cls: Callable  # gives the class of those contexts
+    probe: Callable  # shows whether such a context is in force
+
+
+def _set_stance_class():
+    return torch._dynamo.decorators.set_stance
+
+
+# Every kind of context that is not a grad mode.
+SCOPE_CONTEXTS = {
+    "set_stance": _ScopeContext(
+        lambda: torch.compiler.set_stance("force_eager"),
+        lambda: _set_stance_class()("force_eager"),
+        _set_stance_class,
+        _current_stance,
+    ),
+    "dual_level": _ScopeContext(
+        fwAD.dual_level,
+        fwAD.dual_level,
+        lambda: fwAD.dual_level,
+        lambda: fwAD._current_level,
+    ),
+    "decorator_context_manager": _ScopeContext(
+        _PlainContext, _PlainContext, lambda: _PlainContext, lambda: None
+    ),
+    "context_decorator_factory": _ScopeContext(
+        lambda: functools.partial(context_decorator, lambda: _PlainManager()),
+        _PlainManager,
+        lambda: _PlainManager,
+        lambda: None,
+    ),
+    "no_grad_subclass_overriding_enter": _ScopeContext(
+        _NoGradOverridingEnter,
+        _NoGradOverridingEnter,
+        lambda: _NoGradOverridingEnter,
+        torch.is_grad_enabled,
+    ),
+}
+
+SCOPE_KINDS = ("generator", "coroutine", "async_generator")
+# The caller is in each of these in turn, one per step of the body.
+SCOPE_CALLERS = list(CALLER_SETUPS.values())
+
+
+class _EntrySpy:
+    """Records every entry and exit of an object of *cls* while installed, and
+    how many are in force."""
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.log = []
+        self.active = 0
+
+    @contextlib.contextmanager
+    def installed(self):
+        enter, leave = self.cls.__enter__, self.cls.__exit__
+
+        def spy_enter(ctx):
+            self.log.append(("enter", ctx))
+            self.active += 1
+            return enter(ctx)
+
+        def spy_exit(ctx, *exc):
+            self.log.append(("exit", ctx))
+            self.active -= 1
+            return leave(ctx, *exc)
+
+        with mock.patch.object(self.cls, "__enter__", spy_enter):
+            with mock.patch.object(self.cls, "__exit__", spy_exit):
+                yield self
+
+
+def _scope_body(kind, block, observe, log):
+    """An undecorated body of *kind* that opens ``block()`` in its first step,
+    closes it in its last, and logs ``observe()`` once at the start of every
+    step: one step per caller in SCOPE_CALLERS.  The async generator's steps
+    end at an ``await`` and at a ``yield`` in turn."""
+    suspensions = len(SCOPE_CALLERS) - 1
+    if kind == "generator":
+
+        def body():
+            with block():
+                for _ in range(suspensions):
+                    log.append(observe())
+                    yield
+                log.append(observe())
+
+    elif kind == "coroutine":
+
+        async def body():
+            with block():
+                for _ in range(suspensions):
+                    log.append(observe())
+                    await suspend()
+                log.append(observe())
+
+    else:
+
+        async def body():
+            with block():
+                for i in range(suspensions):
+                    log.append(observe())
+                    if i % 2:
+                        yield i
+                    else:
+                        await suspend()
+                log.append(observe())
+
+    return body
+
+
+def _step(kind, made, pending):
+    """Take one step of *made*, a body of *kind*; False once it has finished.
+    *pending* holds an async generator's ``asend`` awaitable in progress."""
+    try:
+        if kind == "generator":
+            next(made)
+        elif kind == "coroutine":
+            made.send(None)
+        else:
+            if not pending:
+                pending.append(made.asend(None))
+            try:
+                pending[0].send(None)
+            except StopIteration:
+                pending.clear()  # the body yielded: the item is done
+    except (StopIteration, StopAsyncIteration):
+        return False
+    return True
+
+
+def _run_scope(kind, context, block, decorated):
+    """On a fresh thread, run a body of *kind* that opens ``BLOCKS[block]`` (or
+    nothing if *block* is None), one step per caller of SCOPE_CALLERS, each
+    step inside that caller's setup: *decorated* with *context*, or else
+    undecorated, with a fresh context entered around each step (what the
+    decoration must amount to).
+
+    Returns what the body saw at each step, what the caller saw right after
+    each step, the context entries and exits in order (each context named by
+    the order of its first entry), and whether every entry was of a new
+    object, never of the decorator's own."""
+    spec = SCOPE_CONTEXTS[context]
+
+    def run():
+        spy = _EntrySpy(spec.cls())
+
+        def observe():
+            return autograd_state(), spy.active, spec.probe()
+
+        with spy.installed():
+            seen, between = [], []
+            body = _scope_body(
+                kind, BLOCKS.get(block, contextlib.nullcontext), observe, seen
+            )
+            if decorated:
+                decorator = spec.decorator()
+                made, around = decorator(body)(), contextlib.nullcontext
+            else:
+                decorator = None
+                made, around = body(), spec.fresh
+            pending = []
+            for setup in itertools.cycle(SCOPE_CALLERS):
+                with enter_all(setup):
+                    with around():
+                        running = _step(kind, made, pending)
+                    between.append(observe())
+                if not running:
+                    break
+        entered = [ctx for what, ctx in spy.log if what == "enter"]
+        fresh = len({id(ctx) for ctx in entered}) == len(entered) and all(
+            ctx is not decorator for ctx in entered
+        )
+        order = [(what, entered.index(ctx)) for what, ctx in spy.log]
+        return seen, between, order, fresh
+
+    return on_own_thread(run)
+
+
+@skipIfTorchDynamo(_DYNAMO_SKIP)
+class TestGradModeScopeMatrix(GradModeTestCase):
+    """A context that is not a grad mode owns no autograd state: the body of a
+    generator, coroutine or async generator it decorates sees at every step
+    the autograd state the thread has, as undecorated, and the context is
+    entered afresh around each step."""
+
+    def test_issue_example(self):
+        def body():
+            while True:
+                yield torch.is_grad_enabled()
+
+        g = torch.compiler.set_stance("force_eager")(body)()
+        self.assertTrue(next(g))
+        with torch.no_grad():
+            self.assertFalse(next(g))
+        self.assertTrue(next(g))
+        g.close()
+
+    @parametrize("kind", SCOPE_KINDS)
+    @parametrize("context", list(SCOPE_CONTEXTS))
+    def test_body_sees_each_callers_state(self, context, kind):
+        # The body opens nothing itself.  Each step sees the state of the
+        # caller that takes it with the context entered, and the caller has
+        # its own back after it: worked out for each step alone, on a thread
+        # of its own, so that nothing of an earlier step can carry over.
+        spec = SCOPE_CONTEXTS[context]
+
+        def alone(setup):
+            def run():
+                spy = _EntrySpy(spec.cls())
+
+                def observe():
+                    return autograd_state(), spy.active, spec.probe()
+
+                with spy.installed(), enter_all(setup):
+                    with spec.fresh():
+                        inside = observe()
+                    return inside, observe()
+
+            return on_own_thread(run)
+
+        expected = [alone(setup) for setup in SCOPE_CALLERS]
+        seen, between, order, fresh = _run_scope(kind, context, None, decorated=True)
+        self.assertEqual(seen, [inside for inside, _ in expected])
+        self.assertEqual(between, [outside for _, outside in expected])
+        # Entered afresh around each step, and only then.
+        steps = len(SCOPE_CALLERS)
+        self.assertEqual(
+            order, [(what, n) for n in range(steps) for what in ("enter", "exit")]
+        )
+        self.assertTrue(fresh)
+        # The grad mode a step sees is its caller's (set_grad_enabled's False
+        # for the no_grad subclass).
+        grad = [state[0] for state, _, _ in seen]
+        if context == "no_grad_subclass_overriding_enter":
+            self.assertEqual(grad, ["False"] * steps)
+        else:
+            self.assertEqual(grad, [outside[0][0] for _, outside in expected])
+            self.assertIn("False", grad)
+            self.assertIn("True", grad)
+
+    @parametrize("kind", SCOPE_KINDS)
+    @parametrize("context", list(SCOPE_CONTEXTS))
+    @parametrize("block", list(BLOCKS))
+    def test_body_block_is_the_threads(self, block, context, kind):
+        # The body's own mode block, open across its suspensions, is not
+        # carried for it: body and caller see what they would with the body
+        # undecorated and a fresh context entered around each step.
+        decorated = _run_scope(kind, context, block, decorated=True)
+        reference = _run_scope(kind, context, block, decorated=False)
+        self.assertEqual(decorated, reference)
+        self.assertTrue(decorated[3])
+
+
 instantiate_parametrized_tests(TestGradModeGenerators)
 instantiate_parametrized_tests(TestGradModeBodyContinuity)
 instantiate_parametrized_tests(TestGradModeCallerIsolation)
@@ -3478,6 +3779,7 @@ instantiate_parametrized_tests(TestGradModeGarbageCollection)
 instantiate_parametrized_tests(TestGradModeBadInput)
 instantiate_parametrized_tests(TestGradModeDriverDetails)
 instantiate_parametrized_tests(TestGradModeOtherContextManagers)
+instantiate_parametrized_tests(TestGradModeScopeMatrix)
 
 
 if __name__ == "__main__":
