@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-# The upstream-bound tests own the helpers (tables of decorators, blocks and
+# The exhaustive matrices own the helpers (tables of decorators, blocks and
 # caller modes, the whole-state probe, the own-thread runner): use theirs.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

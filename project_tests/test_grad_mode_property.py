@@ -8,8 +8,7 @@ body undecorated, uninterrupted, on a thread of its own.
   body on this thread's event loop among noise tasks, the oracle on a thread and
   event loop of its own.
 
-Project-only: the hand-written tests of the same contract are upstream-bound, in
-``test/autograd/test_grad_mode_matrix.py``.
+The hand-written tests of the same contract are in ``test_grad_mode_matrix.py``.
 """
 
 import asyncio
@@ -22,7 +21,7 @@ from unittest import mock
 import torch
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-# grad_mode_programs puts test/autograd on the path.
+# grad_mode_programs puts this directory on the path.
 from grad_mode_programs import (
     Boom,
     CALLER_LIST,

@@ -47,8 +47,9 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"]
 OWNED = TARGETS  # modules the checkout owns and the mutant tree must hold as files
 TEST_FILES = [
-    "test/autograd/test_grad_mode_suspend.py",
-    "test/autograd/test_grad_mode_state.py",
+    "test/autograd/test_grad_mode_suspend.py",  # the upstream-bound test
+    "project_tests/test_grad_mode_matrix.py",
+    "project_tests/test_grad_mode_state_matrix.py",
     "project_tests/test_grad_mode_property.py",
     "project_tests/test_grad_mode_anyio.py",
 ]
