@@ -1,5 +1,4 @@
 # mypy: allow-untyped-defs
-import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -16,6 +15,8 @@ from torch._C import (
     is_grad_enabled,
 )
 from torch.utils._contextlib import (
+    _call_in_inference_mode,
+    _call_with_grad_mode,
     _DecoratorContextManager,
     _NoParamDecoratorContextManager,
     F,
@@ -34,40 +35,6 @@ __all__ = [
 
 # What the grad-mode decorators own: see torch/utils/_contextlib.py.
 _AUTOGRAD_MODE_STATE = (_get_autograd_mode_state, _swap_autograd_mode_state)
-
-
-def _call_with_grad_mode(ctx: Any, func: F) -> F:
-    """Wrap *func* to run in the grad mode *ctx* sets, as a ``with`` block would, at less cost."""
-    with ctx.clone():
-        mode = is_grad_enabled()
-
-    @functools.wraps(func)
-    def decorate_context(*args, **kwargs):
-        if torch.compiler.is_dynamo_compiling():
-            with ctx.clone():  # the form Dynamo models
-                return func(*args, **kwargs)
-        prev = is_grad_enabled()
-        _set_grad_enabled(mode)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            _set_grad_enabled(prev)
-
-    return cast(F, decorate_context)
-
-
-def _call_in_inference_mode(ctx: Any, func: F) -> F:
-    """Wrap *func* to run in the inference mode *ctx* sets, as a ``with`` block would, at less cost."""
-
-    @functools.wraps(func)
-    def decorate_context(*args, **kwargs):
-        if torch.compiler.is_dynamo_compiling():
-            with ctx.clone():
-                return func(*args, **kwargs)
-        with torch._C._InferenceMode(ctx.mode):
-            return func(*args, **kwargs)
-
-    return cast(F, decorate_context)
 
 
 class no_grad(_NoParamDecoratorContextManager):
