@@ -598,7 +598,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
-class TestOtherContextsOnSuspendingBodies(AutogradStateTestCase):
+class TestGradModeOtherContexts(AutogradStateTestCase):
     """Contexts that are not grad modes are entered afresh around each step."""
 
     @parametrize("kind", KINDS)
@@ -750,7 +750,7 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
 
 
 instantiate_parametrized_tests(TestGradModeSuspend)
-instantiate_parametrized_tests(TestOtherContextsOnSuspendingBodies)
+instantiate_parametrized_tests(TestGradModeOtherContexts)
 instantiate_parametrized_tests(TestGradModeSuspendFixes)
 
 
