@@ -1,16 +1,14 @@
 # mypy: allow-untyped-defs
 """Context managers that also decorate functions of every kind.
 
-As a decorator, a context manager covers each step of a generator, coroutine
-or async generator body, and never its caller's code between two steps.  A
-context whose class declares ``_carried_state``, a ``(capture, swap)`` pair of
-functions, owns that thread state: the grad modes own the autograd mode state
-(see ``torch/autograd/grad_mode.py``).  The body then starts from its caller's
-state with the context applied, carries its own from step to step, and hands
-its caller's back after each step; everything else it changes, it changes as it
-would undecorated.  Any other context is entered afresh around each step.
+A context manager used as a decorator covers each step of a generator,
+coroutine or async generator, never its caller's code between steps.  The grad
+modes, whose whole effect is on the thread's autograd mode state, declare it in
+``_carried_state``: a decorated body carries its own from step to step and its
+caller gets its own back after each.  Other contexts are entered at each step.
 """
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -92,14 +90,11 @@ def _driver(start):
                     try:
                         response = method(arg)
                     finally:
-                        arg = None
                         body.state, caller = swap(caller), None
                 else:
-                    try:
-                        with body.ctx_factory():
-                            response = method(arg)
-                    finally:
-                        arg = None
+                    with body.ctx_factory():
+                        response = method(arg)
+                arg = None
                 try:
                     # Keep no reference to the value once handed over (#17).
                     arg = yield (response, response := None)[0]
@@ -114,9 +109,9 @@ def _driver(start):
         except StopIteration as stop:
             return stop.value
         except BaseException:
-            # An athrow awaitable holds the exception, whose traceback holds
-            # this frame: drop it, so that the failure leaves no cycle.
-            it = method = None
+            # The exception's traceback holds this frame: drop what holds the
+            # exception (a thrown one, an athrow awaitable), or it is a cycle.
+            it = method = arg = None
             raise
 
     return drive
@@ -124,9 +119,8 @@ def _driver(start):
 
 def _async_driver(start):
     """The coroutine twin of :func:`_driver`: its code, flagged as a coroutine's."""
-    # Where the generator yields, the coroutine suspends its awaiter.  Being
-    # the wrapper itself, it costs a step one frame: an ``async def`` awaiting
-    # _driver made decorated recursive coroutines 25% as deep as undecorated.
+    # Being the wrapper itself, it costs a step one frame: an ``async def``
+    # awaiting _driver made recursive coroutines 25% as deep as undecorated.
     drive = _driver(start)
     flags = drive.__code__.co_flags & ~inspect.CO_GENERATOR | inspect.CO_COROUTINE
     drive.__code__ = drive.__code__.replace(co_flags=flags)
@@ -135,9 +129,7 @@ def _async_driver(start):
 
 def _is_closed(body):
     """Whether coroutine or async generator *body* has finished: then it refuses a throw."""
-    if isinstance(body, types.CoroutineType):
-        return body.cr_frame is None
-    return isinstance(body, types.AsyncGeneratorType) and body.ag_frame is None
+    return getattr(body, "cr_frame", getattr(body, "ag_frame", 0)) is None
 
 
 _drive_step = _async_driver(lambda body, awaitable: (body, awaitable))
@@ -145,10 +137,8 @@ _drive_step = _async_driver(lambda body, awaitable: (body, awaitable))
 
 def _finalize(body, agen):
     """Close *agen*, collected before the wrapper that steps it, in its body's state."""
-    try:
+    with contextlib.suppress(StopIteration):
         _drive_step(body, agen.aclose()).send(None)
-    except StopIteration:
-        pass
 
 
 def _wrap_generator(ctx_factory, func, carried=None):
@@ -248,20 +238,12 @@ def _call_in_inference_mode(ctx, func):
 def context_decorator(ctx, func, *, carried=None, wrap_call=None):
     """Decorate *func* with context manager *ctx*, like :class:`contextlib.ContextDecorator`.
 
-    It differs from the standard library in that it
-
-    1. wraps instead of inheriting, so context managers written in C work;
-    2. runs each step of a generator, coroutine or async generator under the
-       context, and never the caller's code between steps (c.f.
-       https://bugs.python.org/issue37743), keeping the function's kind; with
-       a ``(capture, swap)`` pair as *carried*, the body carries that state
-       from step to step instead (see the module docstring);
-    3. refuses classes, where it is unclear whether only the constructor or
-       every method was meant.
-
-    *ctx* is a context manager that can be entered any number of times, or a
-    callable returning a fresh context manager each time.  *wrap_call*, if
-    given, wraps a plain function instead of a ``with`` block.
+    Unlike it, this wraps rather than inherits (so C context managers work),
+    refuses classes, and runs each step of a generator, coroutine or async
+    generator under the context (c.f. https://bugs.python.org/issue37743), or
+    with the state of the ``(capture, swap)`` pair *carried*.  *ctx* is a
+    reusable context manager, or a callable making a fresh one; *wrap_call*,
+    if given, wraps a plain function.
     """
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(
@@ -280,14 +262,14 @@ def context_decorator(ctx, func, *, carried=None, wrap_call=None):
             "type. Decorate the methods that need it instead."
         )
 
-    if not callable(func) and not isinstance(func, (staticmethod, classmethod)):
+    if isinstance(func, (staticmethod, classmethod)):
+        # Wrap the function inside, by its kind, and keep the method kind.
+        return type(func)(context_decorator(ctx, func.__func__, carried=carried))
+    if not callable(func):
         raise TypeError(
             f"a context manager can only decorate a function or other callable, "
             f"not {type(func).__name__} {func!r}"
         )
-    if isinstance(func, (staticmethod, classmethod)):
-        # Wrap the function inside, by its kind, and keep the method kind.
-        return type(func)(context_decorator(ctx, func.__func__, carried=carried))
     if inspect.isasyncgenfunction(func):
         return _wrap_async_generator(ctx_factory, func, carried)
     if inspect.iscoroutinefunction(func):
@@ -335,15 +317,11 @@ class _DecoratorContextManager:
             for klass in type(self).__mro__
             if "__enter__" in vars(klass) or "__exit__" in vars(klass)
         )
-        wrap_call = owner.get("_wrap_call")
+        carried, wrap_call = owner.get("_carried_state"), owner.get("_wrap_call")
+        if wrap_call is not None:
+            wrap_call = functools.partial(wrap_call, self)
         return cast(
-            F,
-            context_decorator(
-                self.clone,
-                func,
-                carried=owner.get("_carried_state"),
-                wrap_call=wrap_call and functools.partial(wrap_call, self),
-            ),
+            F, context_decorator(self.clone, func, carried=carried, wrap_call=wrap_call)
         )
 
     def __enter__(self) -> None:
