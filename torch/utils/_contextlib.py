@@ -20,6 +20,7 @@ from typing_extensions import Self
 
 import torch
 import torch._C as _C
+from torch._C import _set_grad_enabled, is_grad_enabled
 
 
 # Used for annotating the decorator usage of _DecoratorContextManager (e.g.,
@@ -201,33 +202,29 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
 
 def _call_with_grad_mode(ctx, func):
     """Wrap *func* to run in the grad mode *ctx* sets, as a ``with`` block would, at less cost."""
-    ctx_factory = ctx.clone  # a bound method, which Dynamo models
-    with ctx_factory():
-        mode = _C.is_grad_enabled()
+    with ctx.clone():
+        mode = is_grad_enabled()
 
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
-        if torch.compiler.is_dynamo_compiling():
-            with ctx_factory():
-                return func(*args, **kwargs)
-        prev = _C.is_grad_enabled()
-        _C._set_grad_enabled(mode)
+        prev = is_grad_enabled()
+        _set_grad_enabled(mode)
         try:
             return func(*args, **kwargs)
         finally:
-            _C._set_grad_enabled(prev)
+            _set_grad_enabled(prev)
 
     return decorate_context
 
 
 def _call_in_inference_mode(ctx, func):
     """Wrap *func* to run in the inference mode *ctx* sets, as a ``with`` block would, at less cost."""
-    ctx_factory, mode = ctx.clone, ctx.mode
+    ctx_factory, mode = ctx.clone, ctx.mode  # a bound method, which Dynamo models
 
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
         if torch.compiler.is_dynamo_compiling():
-            with ctx_factory():
+            with ctx_factory():  # Dynamo cannot trace _InferenceMode's constructor
                 return func(*args, **kwargs)
         with _C._InferenceMode(mode):
             return func(*args, **kwargs)
