@@ -15,10 +15,12 @@ each kind through the generator protocol (``send``, ``throw``, ``close``).
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
 import itertools
 import types
+import warnings
 import weakref
 
 import torch
@@ -625,10 +627,18 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
             self.assertEqual(log.count("enter"), len(callers) + 1)  # and close
 
     @parametrize("kind", KINDS)
-    def test_subclass_overriding_only_clone_stays_a_grad_mode(self, kind):
-        class ClonedNoGrad(torch.no_grad):
-            def clone(self):
-                return ClonedNoGrad()
+    @parametrize("override", ["nothing", "clone", "__init__"])
+    def test_subclass_is_a_grad_mode_unless_it_overrides_how_it_is_made(
+        self, override, kind
+    ):
+        # Overriding clone or __init__ (or __enter__/__exit__) may do more
+        # than set the autograd state: such a subclass is entered per step.
+        namespace = {
+            "nothing": {},
+            "clone": {"clone": lambda self: type(self)()},
+            "__init__": {"__init__": lambda self: torch.no_grad.__init__(self)},
+        }[override]
+        subclass = type("NoGradSubclass", (torch.no_grad,), namespace)
 
         def script():
             seen = [torch.is_grad_enabled()]
@@ -638,13 +648,18 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
             seen.append(torch.is_grad_enabled())
             yield seen
 
-        body = start(kind, ClonedNoGrad()(of_kind(kind, script)))
+        body = start(kind, subclass()(of_kind(kind, script)))
         body.send(None)
         with torch.no_grad():
-            self.assertEqual(body.send(None), [False, True, False])
+            seen = body.send(None)
             self.assertFalse(torch.is_grad_enabled())
         self.assertTrue(torch.is_grad_enabled())
         body.close()
+        # Entered afresh per step, the body's block does not survive its yield.
+        expected = (
+            [False, True, False] if override == "nothing" else [False, False, False]
+        )
+        self.assertEqual(seen, expected)
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
@@ -747,6 +762,20 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
             except Boom:
                 pass
             self.assertIsNone(witness())
+
+    @parametrize("kind", KINDS)
+    def test_partial_of_each_kind_without_warnings(self, kind):
+        def script(n):
+            for _ in range(n):
+                yield torch.is_grad_enabled()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            decorated = torch.no_grad()(functools.partial(of_kind(kind, script), 2))
+            body = start(kind, decorated)
+            self.assertEqual([body.send(None), body.send(None)], [False, False])
+            self.assertTrue(torch.is_grad_enabled())
+            body.close()
 
 
 instantiate_parametrized_tests(TestGradModeSuspend)

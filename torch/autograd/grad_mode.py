@@ -291,7 +291,7 @@ class inference_mode(_DecoratorContextManager):
         mode blocks across ``yield`` without leaking inference mode to the
         caller.  ``mode`` must be a ``bool`` (or the function to decorate):
         other values, such as ``0`` or ``None``, raise :class:`TypeError`
-        instead of being tested for truth.
+        instead of being taken for the function to decorate.
 
     .. note::
         :ref:`locally-disable-grad-doc` compares inference mode with the
@@ -554,8 +554,7 @@ class _unsafe_preserve_version_counter(_DecoratorContextManager):
     def __enter__(self) -> None:
         pass
 
-    # The same suppression as upstream's own copy of this method: *args takes
-    # what the base class's three parameters do.
+    # *args takes what the base class's three parameters do.
     # pyrefly: ignore [bad-override]
     def __exit__(self, *args) -> None:
         torch._C._autograd._unsafe_set_version_counter(self.tensors, self.prev_versions)

@@ -31,14 +31,11 @@ struct KeyBits {
 };
 
 // The bits inference mode toggles: see Note [Expected TLS state in
-// InferenceMode].  Removing keys ignores backend bits, so those of the
-// excluded set go with the autograd keys.
+// InferenceMode].  Functionality bits only: backend bits are shared with
+// other keys, and removing keys ignores them anyway.
 constexpr KeyBits kInferenceBits{
     .included = c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView),
-    .excluded = c10::autograd_dispatch_keyset |
-        c10::DispatchKeySet(
-                    c10::DispatchKeySet::RAW,
-                    (uint64_t{1} << c10::num_backends) - 1)};
+    .excluded = c10::autograd_dispatch_keyset};
 
 // ``to`` with the bits of ``from`` where ``mask`` is set.
 c10::DispatchKeySet overlay(
