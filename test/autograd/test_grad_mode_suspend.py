@@ -777,6 +777,71 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
             self.assertTrue(torch.is_grad_enabled())
             body.close()
 
+    def test_async_generator_arguments_and_sent_values_are_not_kept(self):
+        @torch.no_grad()
+        async def agen(payload):
+            del payload
+            while True:
+                sent = yield
+                del sent
+
+        async def main():
+            payload, sent = Payload(), Payload()
+            refs = weakref.ref(payload), weakref.ref(sent)
+            stream = agen(payload)
+            del payload
+            await stream.asend(None)
+            await stream.asend(sent)
+            del sent
+            alive = [ref() is not None for ref in refs]
+            await stream.aclose()
+            return alive
+
+        with gc_disabled():
+            self.assertEqual(asyncio.run(main()), [False, False])
+
+    def test_async_generator_in_a_cycle_finishes_its_cleanup_in_its_mode(self):
+        log = []
+
+        class Request:
+            pass
+
+        @torch.no_grad()
+        async def stream(request):
+            try:
+                with torch.enable_grad():
+                    while True:
+                        yield
+            finally:
+                log.append(torch.is_grad_enabled())
+                await asyncio.sleep(0)  # the event loop finishes the clean-up
+                log.append(torch.is_grad_enabled())
+
+        async def main():
+            request = Request()
+            request.stream = stream(request)
+            await request.stream.__anext__()
+            del request
+            gc.collect()
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        asyncio.run(main())
+        self.assertEqual(log, [False, False])
+
+    def test_compiled_function_steps_a_decorated_generator(self):
+        @torch.no_grad()
+        def gen(x):
+            yield x * 2
+
+        def f(x):
+            return next(gen(x)) + 1
+
+        x = torch.ones(2, requires_grad=True)
+        out = torch.compile(f, backend="eager", fullgraph=True)(x)
+        self.assertFalse(out.requires_grad)
+        self.assertEqual(out, f(x))
+
 
 instantiate_parametrized_tests(TestGradModeSuspend)
 instantiate_parametrized_tests(TestGradModeOtherContexts)
