@@ -782,8 +782,7 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
         async def agen(payload):
             del payload
             while True:
-                sent = yield
-                del sent
+                yield  # and drops what it is sent
 
         async def main():
             payload, sent = Payload(), Payload()
