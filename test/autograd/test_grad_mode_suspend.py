@@ -777,6 +777,22 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
             self.assertTrue(torch.is_grad_enabled())
             body.close()
 
+    @parametrize("kind", ["generator", "coroutine"])  # async generators: below
+    def test_sent_value_is_not_kept(self, kind):
+        def script():
+            while True:
+                yield  # and drops what it is sent
+
+        with gc_disabled():
+            body = start(kind, torch.no_grad()(of_kind(kind, script)))
+            body.send(None)
+            sent = Payload()
+            ref = weakref.ref(sent)
+            body.send(sent)
+            del sent
+            self.assertIsNone(ref())
+            body.close()
+
     def test_async_generator_arguments_and_sent_values_are_not_kept(self):
         @torch.no_grad()
         async def agen(payload):
