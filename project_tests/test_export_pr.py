@@ -64,6 +64,20 @@ STAND_INS = {
         "def is_inference_mode_enabled() -> _bool: ...\n"
     ),
     "torch/_dynamo/trace_rules.py": (
+        '"""Rules; see `manual_torch_name_rule_map` below."""\n'
+        "manual_torch_name_rule_map: dict[\n"
+        "    str,\n"
+        "    type[TorchInGraphFunctionVariable] | type[SkipFunctionVariable],\n"
+        "] = {\n"
+        '    "torch.onnx.is_in_onnx_export": TorchInGraphFunctionVariable,\n'
+        '    "torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
+        '    "torch._C._to_dlpack": SkipFunctionVariable,\n'
+        '    "torch.to_dlpack": SkipFunctionVariable,\n'
+        '    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n'
+        "}\n\n"
+        "other_rule_map = {\n"
+        '    "torch._C._aaa": SkipFunctionVariable,\n'
+        "}\n\n"
         "torch_c_binding_in_graph_functions = dict.fromkeys(\n"
         "    [\n"
         '        "math.acos",\n'
@@ -227,12 +241,17 @@ class TestExport(ExportTestCase):
             section = f.read()
         # After the last grad mode's subsection, before the next heading, blank lines around it.
         self.assertIn("version of no-grad mode.\n\n" + section + "\n### Evaluation Mode", notes)
-        self.assertIn('        "torch._C._get_autograd_fallback_mode",\n'
-                      '        "torch._C._get_autograd_mode_state",\n'
-                      '        "torch._C._get_cpp_backtrace",\n', rules)
-        self.assertIn('        "torch._C._set_grad_enabled",\n'
-                      '        "torch._C._swap_autograd_mode_state",\n'
-                      '        "torch._C._te.abs",\n', rules)
+        # Graph breaks, beside the other torch._C skips inside manual_torch_name_rule_map, in order.
+        manual = rules[rules.index("manual_torch_name_rule_map: "):]
+        manual = manual[:manual.index("\n}")]
+        self.assertIn('    "torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
+                      '    "torch._C._get_autograd_mode_state": SkipFunctionVariable,\n'
+                      '    "torch._C._swap_autograd_mode_state": SkipFunctionVariable,\n'
+                      '    "torch._C._to_dlpack": SkipFunctionVariable,\n', manual)
+        for name in export_pr.BINDING_NAMES:
+            self.assertEqual(rules.count(f'"{name}"'), 1)
+        self.assertNotIn("autograd_mode_state", rules[rules.index("torch_c_binding_in_graph_functions"):])
+        self.assertNotIn("autograd_mode_state", rules[rules.index("other_rule_map"):])
         self.assertIn("# Defined in torch/csrc/autograd/python_autograd_mode_state.cpp\n", stubs)
         self.assertLess(stubs.index("_swap_autograd_mode_state"), stubs.index("def _set_grad_enabled"))
 
@@ -354,6 +373,22 @@ class TestExportRefusals(ExportTestCase):
         err = self.export_fails()
         self.assertIn("torch/csrc/Module.cpp: no line matching", err)
         self.assertIn("init_legacy_variable", err)
+
+    def test_missing_skip_rule_anchor(self):
+        files = dict(STAND_INS)
+        rules = files["torch/_dynamo/trace_rules.py"]
+        # torch._C skips outside the dict do not count.
+        files["torch/_dynamo/trace_rules.py"] = rules.replace(
+            '    "torch._C._to_dlpack": SkipFunctionVariable,\n', ""
+        ).replace('    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n', "")
+        make_tree(self.tree, files)
+        err = self.export_fails()
+        self.assertIn("torch/_dynamo/trace_rules.py: no line matching", err)
+        self.assertIn("manual_torch_name_rule_map", err)
+        files["torch/_dynamo/trace_rules.py"] = rules.replace("manual_torch_name_rule_map", "other_map")
+        make_tree(self.tree, files)
+        err = self.export_fails()
+        self.assertIn("torch/_dynamo/trace_rules.py: no 'manual_torch_name_rule_map:'", err)
 
     def test_other_version(self):
         make_tree(self.tree, dict(STAND_INS, **{"version.txt": "2.12.0\n"}))

@@ -230,11 +230,12 @@ def wire_stubs(text, path):
 
 
 def wire_trace_rules(text, path):
-    """List the binding's functions with the other torch._C ones Dynamo knows, in order.
+    """Make Dynamo graph-break on the binding's functions: map them to ``SkipFunctionVariable``.
 
-    Dynamo warns about any builtin it has no rule for; in this list it calls
-    them and graph-breaks, as it does for ``torch._C._set_grad_enabled``'s
-    neighbours that return or take non-tensors.
+    Both change thread-local state and return an opaque object, so they must
+    never be put in a graph.  They go in ``manual_torch_name_rule_map`` among
+    its other ``"torch._C.<name>": SkipFunctionVariable,`` entries (the first
+    run of them, beside ``torch._C._to_dlpack`` upstream), in order.
     """
     for name in BINDING_NAMES:
         _already(text, path, f'"{name}"')
@@ -242,12 +243,13 @@ def wire_trace_rules(text, path):
     def edit(block):
         for name in BINDING_NAMES:
             block = _insert_sorted(
-                block, path, r'\s+"torch\._C\._', f'        "{name}",\n',
-                f"the trace rule of {name} in torch_c_binding_in_graph_functions",
+                block, path, r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$',
+                f'    "{name}": SkipFunctionVariable,\n',
+                f"the skip rule of {name} in manual_torch_name_rule_map",
             )
         return block
 
-    return _in_list(text, path, "torch_c_binding_in_graph_functions = dict.fromkeys(", "\n    ],", edit)
+    return _in_list(text, path, "manual_torch_name_rule_map: ", "\n}", edit)
 
 
 def wire_notes_section(text, path):
