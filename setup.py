@@ -132,7 +132,7 @@ setup(
     description="Suspend-aware grad-mode decorators for torch 2.13 (generators, coroutines, async generators)",
     python_requires=">=3.10",
     package_dir={"": "overlay", "torch_gradmode_lint": "lint"},
-    py_modules=["_torch_gradmode_overlay"],
+    py_modules=["_torch_gradmode_overlay", "_torch_gradmode_splice", "_torch_gradmode_edits"],
     packages=["torch_gradmode_lint"],
     ext_modules=[
         Extension(

@@ -1,16 +1,19 @@
-"""Start-up hook that lays this checkout's torch modules over the installed wheel.
+"""Start-up hook that lays this checkout's patch over the installed torch wheel.
 
 ``pip install -e .`` installs a ``.pth`` file that imports this module when the
-interpreter starts.  It keeps a *link tree* -- a directory ``torch/`` whose
-entries are symbolic links to the installed wheel's ``torch`` package, except
-for the files this checkout owns, which link to the checkout -- and puts the
-tree's parent first on ``sys.path``.  ``import torch`` then loads the whole
-package from one directory, which matters because Dynamo decides what to trace
-by file location; edits in the checkout take effect without a rebuild because
-the owned files are links.
+interpreter starts.  It builds the patched modules from the wheel's own files
+and the checkout's pieces (``_torch_gradmode_splice``: every step of
+``stack/series``, or the first ``$TORCH_GRADMODE_STACK`` of them), and keeps a
+*tree*: a directory ``torch/`` whose entries are symbolic links to the wheel's
+``torch`` package, except the built modules, which are files of the tree.  It
+puts the tree first on ``sys.path``, so ``import torch`` loads the whole
+package from one directory (Dynamo decides what to trace by file location).
 
-The tree is rebuilt when the torch install or the set of owned files changes.
-Set ``TORCH_GRADMODE_OVERLAY=0`` to run one process against stock torch.
+Trees are cached under ``build/`` by the hash of everything they are built
+from, and written under a temporary name then renamed, so an edit is seen by
+the next interpreter and processes that start together (spawned DataLoader
+workers) never see half a tree.  Set ``TORCH_GRADMODE_OVERLAY=0`` to run one
+process against stock torch.
 """
 
 import hashlib
@@ -21,8 +24,12 @@ import shutil
 import sys
 import warnings
 
+import _torch_gradmode_splice as splice
+
 SUPPORTED_TORCH = ("2.13",)
 ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
+STACK_SWITCH = "TORCH_GRADMODE_STACK"
+BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
 
 _OVERLAY_DIR = os.path.dirname(os.path.realpath(__file__))
 CHECKOUT = os.path.dirname(_OVERLAY_DIR)
@@ -31,18 +38,6 @@ CHECKOUT = os.path.dirname(_OVERLAY_DIR)
 # started an interpreter last, under the feet of the others.
 _ENV_KEY = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
 TREE_ROOT = os.path.join(CHECKOUT, "build", f"overlay-{_ENV_KEY}")
-
-
-def owned_files():
-    """Return the paths, relative to ``torch/``, of the modules this checkout replaces."""
-    top = os.path.join(CHECKOUT, "torch")
-    found = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                found.append(os.path.relpath(os.path.join(dirpath, name), top))
-    return found
 
 
 def wheel_torch_dir():
@@ -74,53 +69,96 @@ def check_version(version):
         )
 
 
-def _stamp(torch_dir, owned):
-    st = os.stat(os.path.join(torch_dir, "__init__.py"))
-    return "\n".join([torch_dir, str(st.st_mtime_ns), str(st.st_ino)] + owned)
-
-
-def _link_dir(wheel_dir, ours_dir, dst, owned_here):
-    """Fill new directory *dst* with links to *wheel_dir*, taking *owned_here* from *ours_dir*."""
+def _link_dir(wheel_dir, dst, built):
+    """Fill new directory *dst* with links to *wheel_dir*, except the files *built* (``{relpath: text}``)."""
     os.mkdir(dst)
-    owned_subdirs = {rel.split(os.sep, 1)[0] for rel in owned_here if os.sep in rel}
+    subdirs = {rel.split(os.sep, 1)[0] for rel in built if os.sep in rel}
     for name in os.listdir(wheel_dir):
-        if name != "__pycache__" and name not in owned_subdirs and name not in owned_here:
+        if name != "__pycache__" and name not in subdirs and name not in built:
             os.symlink(os.path.join(wheel_dir, name), os.path.join(dst, name))
-    for rel in owned_here:
+    for rel, text in built.items():
         if os.sep not in rel:
-            os.symlink(os.path.join(ours_dir, rel), os.path.join(dst, rel))
-    for sub in sorted(owned_subdirs):
-        inner = [rel.split(os.sep, 1)[1] for rel in owned_here if rel.startswith(sub + os.sep)]
-        _link_dir(os.path.join(wheel_dir, sub), os.path.join(ours_dir, sub), os.path.join(dst, sub), inner)
+            with open(os.path.join(dst, rel), "w", encoding="utf-8") as f:
+                f.write(text)
+    for sub in sorted(subdirs):
+        inner = {rel.split(os.sep, 1)[1]: text for rel, text in built.items() if rel.startswith(sub + os.sep)}
+        _link_dir(os.path.join(wheel_dir, sub), os.path.join(dst, sub), inner)
 
 
-def build_tree(torch_dir, owned):
-    """(Re)build the link tree under a temporary name, then swap it in atomically."""
-    os.makedirs(os.path.dirname(TREE_ROOT), exist_ok=True)
-    tmp = f"{TREE_ROOT}.tmp{os.getpid()}"
+def selected_steps():
+    """The steps ``$TORCH_GRADMODE_STACK`` selects: a number (the first N) or a step's name; default all."""
+    steps = splice.series(CHECKOUT)
+    want = os.environ.get(STACK_SWITCH, "").strip()
+    if not want:
+        return steps
+    names = [step.name for step in steps]
+    if want.isdigit() and int(want) <= len(steps):
+        return steps[: int(want)]
+    if want in names:
+        return steps[: names.index(want) + 1]
+    raise RuntimeError(f"{STACK_SWITCH}={want!r}: give 0 to {len(steps)} or a step of stack/series ({', '.join(names)})")
+
+
+def _reader(torch_dir):
+    base = os.path.dirname(torch_dir)
+
+    def read(path):
+        where = os.path.join(base, path)
+        if not path.startswith("torch/") or not os.path.isfile(where):
+            return None
+        with open(where, encoding="utf-8") as f:
+            return f.read()
+
+    return read
+
+
+def _key(torch_dir, steps):
+    """The hash of everything the tree for *steps* is built from."""
+    digest = hashlib.sha256(f"{torch_dir}\n{[s.name for s in steps]}\n".encode())
+    read = _reader(torch_dir)
+    paths = sorted({p for s in steps for p in [*s.defines, *s.edits]})
+    for path in [*splice.inputs(CHECKOUT), *paths]:
+        text = read(path) if not os.path.isabs(path) else open(path, encoding="utf-8").read()
+        digest.update(f"{path}\n{text}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _in_wheel(path):
+    return path.startswith("torch/") and path.endswith(".py")
+
+
+def build_tree(torch_dir, steps):
+    """Return the tree for *steps* over the wheel at *torch_dir*, building it unless it is cached."""
+    where = os.path.join(TREE_ROOT, _key(torch_dir, steps))
+    if os.path.isdir(where):
+        return where
+    built = splice.build(CHECKOUT, steps, _reader(torch_dir), only=_in_wheel)
+    built = {os.path.relpath(p, "torch"): t for p, t in built.items()}
+    os.makedirs(TREE_ROOT, exist_ok=True)
+    tmp = f"{where}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp)
-    _link_dir(torch_dir, os.path.join(CHECKOUT, "torch"), os.path.join(tmp, "torch"), owned)
-    with open(os.path.join(tmp, "STAMP"), "w") as f:
-        f.write(_stamp(torch_dir, owned))
-    old = f"{TREE_ROOT}.old{os.getpid()}"
-    if os.path.isdir(TREE_ROOT):
-        os.rename(TREE_ROOT, old)
+    _link_dir(torch_dir, os.path.join(tmp, "torch"), built)
     try:
-        os.rename(tmp, TREE_ROOT)
-    except OSError:
-        # Another process won the race and installed an equivalent tree.
+        os.rename(tmp, where)
+    except OSError:  # another process built the same tree first
         shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-    return TREE_ROOT
+    _prune(where)
+    return where
 
 
-def _tree_is_current(torch_dir, owned):
-    try:
-        with open(os.path.join(TREE_ROOT, "STAMP")) as f:
-            return f.read() == _stamp(torch_dir, owned)
-    except OSError:
-        return False
+def _prune(keep, count=6):
+    """Remove all but the *count* newest trees (a running process may still import from one)."""
+    trees = [os.path.join(TREE_ROOT, n) for n in os.listdir(TREE_ROOT) if ".tmp" not in n]
+    trees.sort(key=os.path.getmtime, reverse=True)
+    for old in trees[count:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def has_binding(steps):
+    """Whether *steps* add the C++ binding (before that, ``torch._C`` must not have it)."""
+    return any(BINDING_SOURCE in step.new for step in steps)
 
 
 class _BindingRegistrar(importlib.abc.MetaPathFinder):
@@ -175,7 +213,7 @@ class _RegisteringLoader(importlib.abc.Loader):
 
 def activate():
     """Put the link tree first on ``sys.path``; called from the ``.pth`` file at start-up."""
-    if os.environ.get(ENV_SWITCH, "1") == "0" or TREE_ROOT in sys.path:
+    if os.environ.get(ENV_SWITCH, "1") == "0" or any(p.startswith(TREE_ROOT + os.sep) for p in sys.path):
         return
     torch_dir = wheel_torch_dir()
     if torch_dir is None:
@@ -183,11 +221,10 @@ def activate():
         return
     version = torch_version(torch_dir)
     check_version(version)
-    owned = owned_files()
-    if not _tree_is_current(torch_dir, owned):
-        build_tree(torch_dir, owned)
-    sys.path.insert(0, TREE_ROOT)
-    install_binding(version)
+    steps = selected_steps()
+    sys.path.insert(0, build_tree(torch_dir, steps))
+    if has_binding(steps):
+        install_binding(version)
 
 
 def install_binding(version=None):

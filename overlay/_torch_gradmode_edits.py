@@ -1,0 +1,232 @@
+"""Anchored edits: the changes to upstream files that are not definitions.
+
+Each takes the target file's text, its path and the build's context (``root``:
+the checkout; ``new``: ``{path: file}`` of the new files of the steps built so
+far; ``step_new``: the new files of the step being built) and returns the
+edited text.  Each finds its place by anchors in the target's own text, so no
+upstream text is kept here; a missing anchor is an error naming the file and
+what it looked for.  The splice (``_torch_gradmode_splice.build``) applies
+them, for the install and for the export alike.
+"""
+
+import ast
+import os
+import re
+
+from _torch_gradmode_splice import SpliceError
+
+BINDING_HEADER = "torch/csrc/autograd/python_autograd_mode_state.h"
+BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
+BINDING_INIT = "torch::autograd::init_autograd_mode_state(module);"
+STUBS = "lint/upstream/autograd_mode_state.pyi"
+SECTION = "docs/source/notes/grad_mode_suspend_section.md"
+# The new test modules' classes that test/test_autograd.py imports (and so runs).
+TEST_CLASS_PREFIX = "TestGradMode"
+# Every torch._C name the binding adds; Dynamo's trace rules must know each.
+BINDING_NAMES = (
+    "torch._C._get_autograd_mode_state",
+    "torch._C._swap_autograd_mode_state",
+)
+ExportError = SpliceError
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _insert_sorted(text, path, pattern, new_line, what):
+    """Insert ``new_line`` among the consecutive lines ``pattern`` matches, in sorted order."""
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if re.match(pattern, line)]
+    if not hits:
+        raise ExportError(f"{path}: no line matching {pattern!r} to put {what} among")
+    # The first run of matching lines only: a later list may match the pattern too.
+    run = [hits[0]]
+    for i in hits[1:]:
+        if i != run[-1] + 1:
+            break
+        run.append(i)
+    at = next((i for i in run if lines[i].strip() > new_line.strip()), run[-1] + 1)
+    if at == run[-1] + 1 and "(" in lines[run[-1]] and ")" not in lines[run[-1]]:
+        while at < len(lines) and not lines[at].startswith(")"):  # past the last one's parenthesised names
+            at += 1
+        at += 1
+    lines.insert(at, new_line)
+    return "".join(lines)
+
+
+def _already(text, path, needle):
+    if needle in text:
+        raise ExportError(f"{path} already contains {needle!r}: DIR carries (part of) this patch already")
+
+
+# -- Wiring edits: each takes DIR's text of one upstream file, returns the new text.
+
+
+def _test_classes(path, source):
+    """Return the ``TestGradMode*`` classes test module *path* defines, read from its source.
+
+    Every module-level ``Test*`` class must be one of them: another would not
+    run upstream, where only what ``test_autograd.py`` imports runs.
+    """
+    tree = ast.parse(_read(source), path)
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.startswith("Test")]
+    others = [name for name in classes if not name.startswith(TEST_CLASS_PREFIX)]
+    if others:
+        raise ExportError(
+            f"{path}: {', '.join(others)} would not run upstream: test/test_autograd.py imports only "
+            f"{TEST_CLASS_PREFIX}* classes (rename it)"
+        )
+    # instantiate_device_type_tests(C, globals()) replaces C by per-device classes: nothing named C to import.
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "instantiate_device_type_tests"
+            and node.args
+            and getattr(node.args[0], "id", None) in classes
+        ):
+            raise ExportError(
+                f"{path}: {node.args[0].id} is instantiated per device type, so the module has no class of "
+                "that name to import; test/test_autograd.py instantiates device-type tests itself"
+            )
+    return classes
+
+
+def _module_names(text, path):
+    """Return the names a Python module binds at its top level."""
+    try:
+        tree = ast.parse(text, path)
+    except SyntaxError as e:
+        raise ExportError(f"{path} is not valid Python ({e.msg}, line {e.lineno})") from None
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+    return names
+
+
+def wire_test_imports(text, path, context):
+    """Import the step's new test modules' ``TestGradMode*`` classes beside ``autograd/test_complex.py``'s."""
+    for test in (p for p in context["step_new"] if p.startswith("test/autograd/") and p.endswith(".py")):
+        module = os.path.splitext(os.path.relpath(test, "test"))[0].replace(os.sep, ".")
+        _already(text, path, f"from {module} import")
+        names = sorted(_test_classes(test, context["new"][test]))
+        if not names:
+            raise ExportError(f"{test}: defines no {TEST_CLASS_PREFIX}* class to import")
+        taken = sorted(set(names) & _module_names(text, path))
+        if taken:
+            raise ExportError(f"{path} already defines or imports {', '.join(taken)}, which {test} defines too")
+        line = f"from {module} import {', '.join(names)}  # noqa: F401\n"
+        if len(line) > 89:
+            body = "".join(f"    {name},\n" for name in names)
+            line = f"from {module} import (  # noqa: F401\n{body})\n"
+        text = _insert_sorted(text, path, r"from autograd\.\w+ import ", line, f"the import of {module}")
+    return text
+
+
+def wire_module_init(text, path, context):
+    """Register the binding in ``torch._C``: include its header, call its init beside the legacy variable's."""
+    _already(text, path, BINDING_HEADER)
+    text = _insert_sorted(
+        text, path, r"#include <torch/csrc/autograd/", f"#include <{BINDING_HEADER}>\n", "the binding's #include"
+    )
+    anchor = re.compile(r"^(\s*)torch::autograd::init_legacy_variable\(module\);\n", re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's init after")
+    return text[:m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end():]
+
+
+def _in_list(text, path, opener, closer, edit):
+    """Apply ``edit`` to the block from ``opener`` to the first ``closer`` after it, only."""
+    start = text.find(opener)
+    end = text.find(closer, start) if start >= 0 else -1
+    if end < 0:
+        raise ExportError(f"{path}: no {opener.strip()!r} ... {closer.strip()!r} list to edit")
+    return text[:start] + edit(text[start:end]) + text[end:]
+
+
+def wire_build_list(text, path, context):
+    """Add the binding's source to ``libtorch_python_core_sources``."""
+    _already(text, path, BINDING_SOURCE)
+    return _in_list(
+        text, path, "libtorch_python_core_sources = [", "\n]",
+        lambda block: _insert_sorted(
+            block, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{BINDING_SOURCE}",\n',
+            "the binding's source in libtorch_python_core_sources",
+        ),
+    )
+
+
+def wire_stubs(text, path, context):
+    """Declare the binding's type and functions in a section before ``_set_grad_enabled``'s."""
+    block = _read(os.path.join(context["root"], STUBS)).strip("\n") + "\n\n"
+    _already(text, path, "_swap_autograd_mode_state")
+    anchor = re.compile(r"^# Defined in torch/csrc/autograd/init\.cpp\ndef _set_grad_enabled\(", re.M)
+    m = anchor.search(text)
+    if not m:
+        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs before")
+    return text[:m.start()] + block + text[m.start():]
+
+
+def wire_trace_rules(text, path, context):
+    """Make Dynamo graph-break on the binding's functions: map them to ``SkipFunctionVariable``.
+
+    Both change thread-local state and return an opaque object, so they must
+    never be put in a graph.  They go in ``manual_torch_name_rule_map`` among
+    its other ``"torch._C.<name>": SkipFunctionVariable,`` entries (the first
+    run of them, beside ``torch._C._to_dlpack`` upstream), in order.
+    """
+    for name in BINDING_NAMES:
+        _already(text, path, f'"{name}"')
+
+    def edit(block):
+        for name in BINDING_NAMES:
+            block = _insert_sorted(
+                block, path, r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$',
+                f'    "{name}": SkipFunctionVariable,\n',
+                f"the skip rule of {name} in manual_torch_name_rule_map",
+            )
+        return block
+
+    return _in_list(text, path, "manual_torch_name_rule_map: ", "\n}", edit)
+
+
+def wire_notes_section(text, path, context):
+    """Insert the docs sections that target the autograd notes after their "Grad Modes" material.
+
+    That material is "Grad Modes" and one subsection per mode, "Inference Mode"
+    the last: a section goes before the heading (and its label, if any) that
+    follows "Inference Mode", or at the end of the file.
+    """
+    for section in (SECTION,):
+        block = _read(os.path.join(context["root"], section)).strip("\n") + "\n"
+        _already(text, path, block.splitlines()[0])
+        start = re.search(r"^### Inference Mode[ \t]*\n", text, re.M)
+        if not start:
+            raise ExportError(f"{path}: no '### Inference Mode' heading to put {section} after its subsection")
+        heading = re.compile(r"^#{1,3} ", re.M).search(text, start.end())
+        at = heading.start() if heading else len(text)
+        label = re.search(r"^\([\w-]+\)=\n\s*\Z", text[start.end():at], re.M)
+        if label:
+            at = start.end() + label.start()
+        # Only added lines: a blank line before the section and after it, as between upstream's.
+        head, tail = text[:at], text[at:]
+        gap = "" if head.endswith("\n\n") else "\n" if head.endswith("\n") else "\n\n"
+        text = head + gap + block + ("\n" + tail if tail else "")
+    return text
+
+
+EDITS = {
+    "test/test_autograd.py": wire_test_imports,
+    "torch/csrc/Module.cpp": wire_module_init,
+    "build_variables.bzl": wire_build_list,
+    "torch/_C/__init__.pyi.in": wire_stubs,
+    "torch/_dynamo/trace_rules.py": wire_trace_rules,
+    "docs/source/notes/autograd.md": wire_notes_section,
+}

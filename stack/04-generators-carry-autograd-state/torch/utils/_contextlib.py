@@ -1,0 +1,67 @@
+# Step 04's versions of definitions later steps change (see stack/README.md).
+
+
+def context_decorator(ctx, func, *, carried=None):
+    """.. versionchanged:: 2.14
+        With *carried*, a ``(capture, swap)`` pair of functions for the
+        thread state the context sets, a generator's body carries that state
+        from step to step instead of entering the context at each, and its
+        caller gets its own back after each.
+    """
+    if callable(ctx) and hasattr(ctx, "__enter__"):
+        raise AssertionError(
+            f"{ctx!r} is both callable and a context manager (it has __enter__), "
+            "so it is unclear which to use. Pass context_decorator(lambda: ctx()) "
+            "for a factory of context managers, or context_decorator(lambda: ctx) "
+            "for the context manager itself."
+        )
+    ctx_factory = ctx if callable(ctx) else (lambda: ctx)
+
+    if inspect.isclass(func):
+        raise RuntimeError(
+            "Cannot decorate classes: it is unclear whether the context should "
+            "apply to the constructor alone or to every method, and decorating "
+            "a class where it is defined would stop it from being used as a "
+            "type. Decorate the methods that need it instead."
+        )
+
+    if isinstance(func, (staticmethod, classmethod)):
+        # Wrap the function inside, by its kind, and keep the method kind.
+        return type(func)(context_decorator(ctx, func.__func__, carried=carried))
+    if not callable(func):
+        raise TypeError(
+            f"a context manager can only decorate a function or other callable, "
+            f"not {type(func).__name__} {func!r}"
+        )
+    if inspect.isgeneratorfunction(func):
+        return _wrap_generator(ctx_factory, func, carried)
+
+    @functools.wraps(func)
+    def decorate_context(*args, **kwargs):
+        # pyrefly: ignore [bad-context-manager]
+        with ctx_factory():
+            return func(*args, **kwargs)
+
+    return decorate_context
+
+
+class _DecoratorContextManager:
+    def __call__(self, orig_func: F) -> F:
+        if inspect.isclass(orig_func):
+            warnings.warn(
+                "Decorating classes is deprecated and will be disabled in "
+                "future versions: decorate functions or methods only. To keep "
+                "what class decoration does today, decorate the class's "
+                "`__init__` method alone.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            func = cast(F, lambda *args, **kwargs: orig_func(*args, **kwargs))
+        else:
+            func = orig_func
+
+        # A subclass that overrides any of these may do more than its parent.
+        names = {"__init__", "clone", "__enter__", "__exit__"}
+        owner = next(vars(k) for k in type(self).__mro__ if names & vars(k).keys())
+        carried = owner.get("_carried_state")
+        return cast(F, context_decorator(self.clone, func, carried=carried))
