@@ -8,7 +8,8 @@ Usage::
 DIR becomes a git repository holding, at their upstream paths:
 
 * from the installed torch 2.13.0 wheel (found with the overlay off): every
-  file of the wheel the patch touches -- the two modules, Dynamo's trace rules,
+  file of the wheel the patch touches -- the two modules, Dynamo's trace rules, ``convert_frame.py`` and
+  ``bytecode_transformation.py``,
   ``torch/version.py`` -- and ``torch/_C/__init__.pyi`` as
   ``torch/_C/__init__.pyi.in`` (the wheel's stub is generated from that file,
   whose text it carries verbatim around the lines the patch edits);
@@ -33,6 +34,8 @@ WHEEL_FILES = {
     "torch/utils/_contextlib.py": "utils/_contextlib.py",
     "torch/autograd/grad_mode.py": "autograd/grad_mode.py",
     "torch/_dynamo/trace_rules.py": "_dynamo/trace_rules.py",
+    "torch/_dynamo/convert_frame.py": "_dynamo/convert_frame.py",
+    "torch/_dynamo/bytecode_transformation.py": "_dynamo/bytecode_transformation.py",
     "torch/version.py": "version.py",
     "torch/_C/__init__.pyi.in": "_C/__init__.pyi",
 }

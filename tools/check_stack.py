@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Check that each step of ``stack/series`` stands on its own.
+
+Usage::
+
+    python tools/check_stack.py [--upstream DIR] [--python PYTHON] [--only STEP]
+
+Over the torch wheel installed for PYTHON (default: this interpreter), with
+the patch installed there (``pip install -e .``), it checks:
+
+1. the last step builds what the install builds (every fragment whole);
+2. the series (``tools/export_pr.py --out-dir``) applies in order with
+   ``git am`` on DIR, or, without ``--upstream``, on a tree of the wheel's
+   files (the edits of files the wheel lacks left out);
+3. for each step k, its tests pass with the first k steps installed
+   (``TORCH_GRADMODE_STACK=k``) and fail with the first k-1, unless the step
+   says it is exempt (docs only; faster only, with its benchmark figure).
+
+Exit status 1 if any check fails.  Upstream's own suites per prefix:
+``CONTRIBUTING.md`` ("The stack").
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "overlay"))
+import _torch_gradmode_splice as splice  # noqa: E402
+
+GIT = ["git", "-c", "user.name=check", "-c", "user.email=check@localhost", "-c", "commit.gpgsign=false"]
+
+
+def _wheel_torch(python):
+    out = subprocess.run(
+        [python, "-c", "import importlib.util as u, os; print(os.path.dirname(u.find_spec('torch').origin))"],
+        env={**os.environ, "TORCH_GRADMODE_OVERLAY": "0"}, capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip()
+
+
+def _reader(base):
+    def read(path):
+        where = os.path.join(base, path)
+        if not os.path.isfile(where):
+            return None
+        with open(where, encoding="utf-8") as f:
+            return f.read()
+
+    return read
+
+
+def check_install(torch_dir):
+    """The last step's modules are the install's."""
+    read = _reader(os.path.dirname(torch_dir))
+    steps = splice.series(ROOT)
+    stacked = splice.build(ROOT, steps, read, only=lambda p: p.startswith("torch/"))
+    installed = splice.build_install(ROOT, read)
+    differ = sorted(p for p in set(stacked) | set(installed) if p.startswith("torch/") and
+                    stacked.get(p) != installed.get(p))
+    return [f"{p}: the last step's differs from the install's" for p in differ]
+
+
+def check_series(python, upstream, work):
+    """The series exports and applies, step by step, with git am."""
+    tree = os.path.join(work, "tree")
+    if upstream:
+        shutil.copytree(upstream, tree, symlinks=True)
+    else:
+        subprocess.run([python, os.path.join(ROOT, "tools", "make_upstream_tree.py"), "--out", tree,
+                        "--python", python], check=True, capture_output=True)
+    series = os.path.join(work, "series")
+    cmd = [python, os.path.join(ROOT, "tools", "export_pr.py"), "--upstream", tree, "--out-dir", series]
+    proc = subprocess.run(cmd + ([] if upstream else ["--skip-missing"]), capture_output=True, text=True)
+    if proc.returncode:
+        return [f"export failed: {proc.stderr.strip()}"]
+    if not os.path.isdir(os.path.join(tree, ".git")):
+        subprocess.run(["git", "init", "-q"], cwd=tree, check=True)
+        subprocess.run([*GIT, "add", "-A"], cwd=tree, check=True)
+        subprocess.run([*GIT, "commit", "-qm", "base"], cwd=tree, check=True)
+    problems = []
+    for patch in sorted(os.listdir(series)):
+        am = subprocess.run([*GIT, "am", "-q", "--keep-non-patch", os.path.join(series, patch)],
+                            cwd=tree, capture_output=True, text=True)
+        print(f"  {'applies' if am.returncode == 0 else 'FAILS TO APPLY'}: {patch}")
+        if am.returncode:
+            problems.append(f"{patch} does not apply: {am.stderr.strip()}")
+            break
+    return problems
+
+
+def _pytest(python, k, tests, cwd):
+    env = {**os.environ, "TORCH_GRADMODE_STACK": str(k)}
+    env.pop("TORCH_GRADMODE_OVERLAY", None)
+    proc = subprocess.run([python, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"],
+                          cwd=cwd, env=env, capture_output=True, text=True)
+    last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return proc.returncode, last
+
+
+def check_steps(python, work, only=None):
+    """Each step's tests pass with its prefix and fail with the one before."""
+    problems = []
+    for k, step in enumerate(splice.series(ROOT), 1):
+        if only and step.name != only:
+            continue
+        tests = []
+        for path in step.tests:
+            where = os.path.join(work, "tests", step.name, path)
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            shutil.copy(step.source(path), where)
+            tests.append(where)
+        if not tests:
+            if not step.exempt:
+                problems.append(f"{step.name}: no tests, and not exempt")
+            print(f"  {step.name}: no tests ({step.exempt})")
+            continue
+        rc, last = _pytest(python, k, tests, ROOT)
+        print(f"  {step.name}: with steps 1-{k}: {last}")
+        if rc:
+            problems.append(f"{step.name}: its tests fail with steps 1-{k}: {last}")
+        if step.exempt:
+            continue
+        rc, last = _pytest(python, k - 1, tests, ROOT)
+        print(f"  {step.name}: with steps 1-{k - 1}: {last}")
+        if rc == 0:
+            problems.append(f"{step.name}: its tests pass without it (steps 1-{k - 1})")
+    return problems
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", metavar="DIR", help="a PyTorch v2.13.0 tree (default: the wheel's files)")
+    parser.add_argument("--python", default=sys.executable, help="the venv's python, the patch installed")
+    parser.add_argument("--only", metavar="STEP", help="check this step's tests only")
+    args = parser.parse_args(argv)
+    problems = []
+    with tempfile.TemporaryDirectory() as work:
+        print("install = last step")
+        problems += check_install(_wheel_torch(args.python))
+        if not args.only:
+            print("series applies")
+            problems += check_series(args.python, args.upstream, work)
+        print("each step's tests")
+        problems += check_steps(args.python, work, args.only)
+    for problem in problems:
+        print(f"check_stack: {problem}", file=sys.stderr)
+    print(f"check_stack: {'FAILED' if problems else 'ok'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
