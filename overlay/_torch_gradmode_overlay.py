@@ -96,7 +96,9 @@ def selected_steps():
         return steps[: int(want)]
     if want in names:
         return steps[: names.index(want) + 1]
-    raise RuntimeError(f"{STACK_SWITCH}={want!r}: give 0 to {len(steps)} or a step of stack/series ({', '.join(names)})")
+    raise RuntimeError(
+        f"{STACK_SWITCH}={want!r}: give 0 to {len(steps)} or a step of stack/series ({', '.join(names)})"
+    )
 
 
 def _reader(torch_dir):

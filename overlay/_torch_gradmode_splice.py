@@ -285,7 +285,8 @@ def _splice_member(text, cls_name, piece, order, path, base):
         raise SpliceError(f"{path}: no class {cls_name} to put {cls_name}.{piece.name} in")
     old = _find(cls.body, piece.name, path)
     if old is not None:
-        new = _with_docstring(piece, _upstream(base, path, cls_name, piece.name), lines, path, f"{cls_name}.{piece.name}")
+        theirs = _upstream(base, path, cls_name, piece.name)
+        new = _with_docstring(piece, theirs, lines, path, f"{cls_name}.{piece.name}")
         return "".join(lines[: _start(old, lines, False)]) + new + "".join(lines[old.end_lineno :])
     doc = _docstring(cls)
     first = doc.end_lineno if doc is not None else _header_end("".join(lines[cls.lineno - 1 :])) + cls.lineno

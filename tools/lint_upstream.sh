@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lint the files the pull request carries under test/ and torch/
-# (tools/upstream_bound.txt) the way upstream PyTorch's lintrunner does, with
+# (as the install builds them: overlay/_torch_gradmode_splice.py) the way upstream PyTorch's lintrunner does, with
 # upstream's rules restated in lint/upstream/ and upstream's tool versions
 # pinned in requirements-dev.txt (ruff, mypy, pyrefly, xdoctest, clang-format,
 # clang-tidy) and lint/upstream/requirements-flake8.txt (flake8 and its
@@ -74,10 +74,34 @@ WHEEL=$(TORCH_GRADMODE_OVERLAY=0 "$PY" -c \
 files=()        # .py files under test/ and torch/
 torch_files=()  # those under torch/
 cxx_files=()    # C++ files under test/ and torch/
-while IFS= read -r line; do
-    line=${line%%#*}
-    line=${line//[[:space:]]/}
-    line=${line%%->*} # "FILE -> UPSTREAM_PATH": the checkout's FILE
+# The pull request's files: the modules as the install builds them from the
+# wheel's text (overlay/_torch_gradmode_splice.py: what the last step of the
+# stack gives), written under $WORK/built, and the new files of every step.
+BUILT=$WORK/built
+listed=$(TORCH_GRADMODE_OVERLAY=0 "$PY" - "$ROOT" "$WHEEL" "$BUILT" <<'EOF'
+import os
+import shutil
+import sys
+
+root, wheel, built = sys.argv[1:]
+sys.path.insert(0, os.path.join(root, "overlay"))
+import _torch_gradmode_splice as splice
+
+
+def read(path):
+    where = os.path.join(os.path.dirname(wheel), path)
+    return open(where, encoding="utf-8").read() if os.path.isfile(where) else None
+
+
+shutil.rmtree(built, ignore_errors=True)
+for path, text in sorted(splice.build_install(root, read).items()):
+    os.makedirs(os.path.dirname(os.path.join(built, path)), exist_ok=True)
+    with open(os.path.join(built, path), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(path)
+EOF
+) || { echo "error: could not build the patched modules" >&2; exit 2; }
+for line in $listed; do
     case $line in
     test/* | torch/*) ;;
     *) continue ;;
@@ -96,17 +120,18 @@ while IFS= read -r line; do
         esac
         continue
     fi
-    if [ ! -f "$line" ]; then
-        echo "note: $line is listed in tools/upstream_bound.txt but does not exist yet: skipped"
-        continue
-    fi
     if [ $kind = cxx ]; then
         cxx_files+=("$line")
         continue
     fi
-    files+=("$line")
-    case $line in torch/*) torch_files+=("$line") ;; esac
-done <tools/upstream_bound.txt
+    case $line in
+    torch/*)
+        files+=("$BUILT/$line")
+        torch_files+=("$line")
+        ;;
+    *) files+=("$line") ;;
+    esac
+done
 if [ $STOCK -eq 1 ]; then
     echo "note: linting stock torch's own copies of the listed modules (in $WHEEL)"
 fi
@@ -174,7 +199,7 @@ if [ ${#torch_files[@]} -gt 0 ]; then
         if [ $STOCK -eq 1 ]; then
             owned+=("${f#torch/}=$WHEEL/${f#torch/}")
         else
-            owned+=("${f#torch/}=$ROOT/$f")
+            owned+=("${f#torch/}=$BUILT/$f")
         fi
     done
     TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG/autograd_mode_state.pyi" "${owned[@]}" <<'EOF'

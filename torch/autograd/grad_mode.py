@@ -55,6 +55,7 @@ class inference_mode(_DecoratorContextManager):
                 "@torch.inference_mode without parentheses, the function to "
                 f"decorate), not {torch.typename(mode)}"
             )
+        # pyrefly: ignore [bad-specialization]
         return cls()(mode)
 
 
