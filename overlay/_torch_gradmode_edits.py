@@ -222,7 +222,22 @@ def wire_notes_section(text, path, context):
     return text
 
 
+def wire_convert_frame(text, path, context):
+    """Have ``convert_frame`` refuse every suspendable frame, not generators only.
+
+    Its one use of ``is_generator`` (and the import of it) becomes
+    ``is_suspendable``: coroutine and async generator frames were converted.
+    """
+    _already(text, path, "is_suspendable")
+    for old, new in (("    is_generator,\n", "    is_suspendable,\n"), ("if is_generator(code):", "if is_suspendable(code):")):
+        if text.count(old) != 1:
+            raise ExportError(f"{path}: expected one {old.strip()!r} to replace, found {text.count(old)}")
+        text = text.replace(old, new)
+    return text
+
+
 EDITS = {
+    "torch/_dynamo/convert_frame.py": wire_convert_frame,
     "test/test_autograd.py": wire_test_imports,
     "torch/csrc/Module.cpp": wire_module_init,
     "build_variables.bzl": wire_build_list,

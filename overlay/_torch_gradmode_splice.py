@@ -186,7 +186,7 @@ def read_fragment(path):
 
 def fragment_names(path):
     """The top-level names fragment *path* defines (a class of upstream's stands for its members)."""
-    return list(read_fragment(path)[0])
+    return [name for name, piece in read_fragment(path)[0].items() if not piece.stub]
 
 
 # -- Splicing one module
@@ -328,6 +328,8 @@ def _section(module):
 
 
 def _key(node):
+    if isinstance(node, ast.ImportFrom) and node.level:  # relative imports: a section of their own, last
+        return (3, True, "." * node.level + (node.module or ""))
     module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
     return (_section(module), isinstance(node, ast.ImportFrom), module.lower())
 
