@@ -6,6 +6,8 @@ Usage::
     python tools/export_pr.py --upstream DIR --out-dir D [--skip-missing]
     python tools/export_pr.py --upstream DIR --squash --out FILE [--skip-missing]
 
+``--steps K`` exports the first K steps only.
+
 DIR is a PyTorch v2.13.0 source tree: a whole checkout, or a folder holding at
 least the files the patch touches (``tools/make_upstream_tree.py`` makes one
 from the torch 2.13.0 wheel and the upstream files the search index holds).
@@ -140,7 +142,7 @@ def _reader(upstream):
     return read
 
 
-def export(upstream, out=None, out_dir=None, skip_missing=False):
+def export(upstream, out=None, out_dir=None, skip_missing=False, count=None):
     """Write the stack (to *out_dir*) or one squashed patch (to *out*); return what was skipped.
 
     The result is ``(missing, empty)``: the edit targets DIR lacks, and the
@@ -150,6 +152,10 @@ def export(upstream, out=None, out_dir=None, skip_missing=False):
     check_out(out) if out_dir is None else check_out_dir(out_dir)
     upstream = os.path.abspath(upstream)
     steps = splice.series(ROOT)
+    if count is not None:
+        if not 1 <= count <= len(steps):
+            raise ExportError(f"--steps {count}: the stack has steps 1 to {len(steps)}")
+        steps = steps[:count]
     read = _reader(upstream)
     for step in steps:
         for path in step.new:
@@ -229,11 +235,12 @@ def main(argv=None):
     parser.add_argument(
         "--skip-missing", action="store_true", help="export without the edits of files DIR lacks"
     )
+    parser.add_argument("--steps", type=int, metavar="K", help="the first K steps only")
     args = parser.parse_args(argv)
     if args.squash != bool(args.out) or (args.squash and args.out_dir) or not (args.squash or args.out_dir):
         parser.error("give --out-dir D for the stack, or --squash --out FILE for one patch")
     try:
-        skipped, empty = export(args.upstream, args.out, args.out_dir, args.skip_missing)
+        skipped, empty = export(args.upstream, args.out, args.out_dir, args.skip_missing, args.steps)
     except ExportError as e:
         print(f"export_pr: error: {e}", file=sys.stderr)
         return 2
