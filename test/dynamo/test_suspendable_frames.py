@@ -1,0 +1,85 @@
+# Owner(s): ["module: dynamo"]
+"""Dynamo does not convert frames that can suspend (generators, coroutines,
+async generators): they run as plain Python, whether torch.compile is applied
+to their function or they are made or resumed in a compiled function."""
+
+import asyncio
+import types
+
+import torch
+import torch._dynamo.test_case
+
+
+async def double(x):
+    return x * 2
+
+
+async def double_after_suspending(x):
+    await asyncio.sleep(0)
+    return x * 2
+
+
+async def multiples_after_suspending(x):
+    await asyncio.sleep(0)
+    yield x
+    await asyncio.sleep(0)
+    yield x * 2
+
+
+def multiples(x):
+    yield x
+    yield x * 2
+
+
+def run(awaitable):
+    # Drive an awaitable to its result, as an event loop would.
+    while True:
+        try:
+            awaitable.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+
+class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
+    def test_is_suspendable(self):
+        from torch._dynamo.bytecode_transformation import is_suspendable
+
+        iterable_coroutine = types.coroutine(lambda: (yield))
+        for fn in (multiples, double, multiples_after_suspending, iterable_coroutine):
+            self.assertTrue(is_suspendable(fn.__code__))
+        self.assertFalse(is_suspendable(run.__code__))
+
+    def test_coroutine_run_by_compiled_function(self):
+        fn = torch.compile(lambda x, coro: run(coro) + 1, backend="eager")
+        x = torch.randn(4)
+        for coroutine_function in (double, double_after_suspending):
+            self.assertEqual(fn(x, coroutine_function(x)), x * 2 + 1)
+
+    def test_async_generator_stepped_by_compiled_function(self):
+        fn = torch.compile(lambda x, agen: run(agen.asend(None)) + 1, backend="eager")
+        x = torch.randn(4)
+        agen = multiples_after_suspending(x)
+        self.assertEqual(fn(x, agen), x + 1)
+        self.assertEqual(fn(x, agen), x * 2 + 1)
+
+    def test_generator_stepped_by_compiled_function(self):
+        fn = torch.compile(lambda x, gen: sum(gen) + 1, backend="eager")
+        x = torch.randn(4)
+        self.assertEqual(fn(x, multiples(x)), x * 3 + 1)
+
+    def test_compiled_coroutine_function(self):
+        x = torch.randn(4)
+        coro = torch.compile(double_after_suspending, backend="eager")(x)
+        self.assertEqual(run(coro), x * 2)
+
+    def test_compiled_async_generator_function(self):
+        x = torch.randn(4)
+        agen = torch.compile(multiples_after_suspending, backend="eager")(x)
+        self.assertEqual(run(agen.asend(None)), x)
+        self.assertEqual(run(agen.asend(None)), x * 2)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
