@@ -8,7 +8,10 @@ Usage::
 Over the torch wheel installed for PYTHON (default: this interpreter), with
 the patch installed there (``pip install -e .``), it checks:
 
-1. the last step builds what the install builds (every fragment whole);
+1. the last step builds what the install builds (every fragment whole), and
+   what it builds is a minimal edit: every upstream definition no step
+   replaces is byte for byte upstream's, and a replaced one keeps upstream's
+   docstring (a ``.. versionchanged::`` paragraph may follow it);
 2. the series (``tools/export_pr.py --out-dir``) applies in order with
    ``git am`` on DIR, or, without ``--upstream``, on a tree of the wheel's
    files (the edits of files the wheel lacks left out);
@@ -21,6 +24,7 @@ Exit status 1 if any check fails.  Upstream's own suites per prefix:
 """
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -62,6 +66,52 @@ def check_install(torch_dir):
     differ = sorted(p for p in set(stacked) | set(installed) if p.startswith("torch/") and
                     stacked.get(p) != installed.get(p))
     return [f"{p}: the last step's differs from the install's" for p in differ]
+
+
+def _definitions(text):
+    """``{qualname: (source, docstring)}`` of a module's top-level definitions and class members."""
+    found = {}
+    for node in ast.parse(text).body:
+        name = splice._name(node)
+        if name is None:
+            continue
+        items = [(name, node)]
+        if isinstance(node, ast.ClassDef):
+            items += [(f"{name}.{splice._name(m)}", m) for m in node.body if splice._name(m)]
+        for qualname, item in items:
+            has_doc = isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            found[qualname] = (ast.get_source_segment(text, item),
+                               ast.get_docstring(item, clean=False) if has_doc else None)
+    return found
+
+
+def check_minimal(torch_dir):
+    """A minimal edit: what no step replaces is upstream's, byte for byte; what one does keeps
+    upstream's docstring (a ``.. versionchanged::`` paragraph may follow it)."""
+    read = _reader(os.path.dirname(torch_dir))
+    steps = splice.series(ROOT)
+    built = splice.build(ROOT, steps, read, only=lambda p: p.startswith("torch/"))
+    replaced = {(path, name) for step in steps for path, names in step.defines.items() for name in names}
+    problems, kept, redone = [], 0, 0
+    for path in sorted({path for path, _ in replaced}):
+        theirs, ours = _definitions(read(path)), _definitions(built[path])
+        for name, (source, doc) in theirs.items():
+            new_source, new_doc = ours.get(name, (None, None))
+            if (path, name) in replaced or (path, name.split(".")[0]) in replaced:
+                redone += 1
+                extended = (new_doc or "").startswith(doc.rstrip() + "\n\n") if doc else False
+                if doc is not None and new_doc != doc and not (
+                        extended and (new_doc or "")[len(doc.rstrip()):].lstrip().startswith(".. versionchanged::")):
+                    problems.append(f"{path}: {name}: upstream's docstring is not kept")
+            elif "." not in name and name in ours and isinstance(ast.parse(source).body[0], ast.ClassDef):
+                if new_doc != doc:  # a class: members may be added, its docstring stays
+                    problems.append(f"{path}: class {name}'s docstring differs from upstream's")
+            elif new_source != source:
+                problems.append(f"{path}: {name} is not replaced by any step, yet differs from upstream's")
+            else:
+                kept += 1
+    print(f"  {kept} upstream definitions kept byte for byte; {redone} replaced, with upstream's docstrings")
+    return problems
 
 
 def check_series(python, upstream, work):
@@ -141,6 +191,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         print("install = last step")
         problems += check_install(_wheel_torch(args.python))
+        print("minimal diffs")
+        problems += check_minimal(_wheel_torch(args.python))
         if not args.only:
             print("series applies")
             problems += check_series(args.python, args.upstream, work)
