@@ -1,25 +1,18 @@
 # Owner(s): ["module: autograd"]
-"""Grad-mode decorators on generators, coroutines and async generators.
+"""Grad-mode decorators on generators.
 
 A grad mode (no_grad, enable_grad, set_grad_enabled, inference_mode) used as
-a decorator covers each step of a body that suspends: the body starts from its
-caller's autograd state with the decorator applied, keeps the mode blocks it
-opens across its own ``yield``/``await``, and its caller gets exactly its own
-autograd state back after every step.  Any other decorating context is entered
-afresh around each step and owns no autograd state.
-
-Most bodies here are written once, as a plain generator function (a
-"script"), and run as each kind of function by ``of_kind``; ``start`` steps
-each kind through the generator protocol (``send``, ``throw``, ``close``).
+a decorator covers each step of a generator: the body starts from its caller's
+autograd state with the decorator applied, keeps the mode blocks it opens
+across its own ``yield``, and its caller gets exactly its own autograd state
+back after every step.  Any other decorating context is entered afresh around
+each step and owns no autograd state.
 """
 
-import asyncio
 import contextlib
 import functools
-import gc
 import inspect
 import itertools
-import types
 import warnings
 import weakref
 
@@ -31,6 +24,7 @@ from torch.autograd.grad_mode import (
     set_multithreading_enabled,
 )
 from torch.testing._internal.common_utils import (
+    disable_gc,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
@@ -42,11 +36,8 @@ from torch.utils.checkpoint import GraphExecGroup
 
 
 # Dynamo would trace the test bodies, which switch and inspect the thread's
-# autograd state around bodies that the decorators step eagerly.
-_DYNAMO_SKIP = "checks thread state around eagerly stepped suspended bodies"
-
-KINDS = ("generator", "coroutine", "async_generator")
-ASYNC_KINDS = ("coroutine", "async_generator")
+# autograd state around generators that the decorators step eagerly.
+_DYNAMO_SKIP = "checks thread state around eagerly stepped generators"
 
 # The context each grad-mode decorator applies; "no_grad_bare" is @torch.no_grad.
 DECORATORS = {
@@ -104,17 +95,6 @@ def enter_all(contexts):
         yield
 
 
-@contextlib.contextmanager
-def gc_disabled():
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def decorate(decorator, func):
     if decorator == "no_grad_bare":
         return torch.no_grad(func)
@@ -125,91 +105,6 @@ def state_under(decorator, *blocks):
     """The state a body starts in when called now, after opening *blocks*."""
     with DECORATORS[decorator](), enter_all(blocks):
         return autograd_state()
-
-
-@types.coroutine
-def delegate(steps):
-    return (yield from steps)
-
-
-@types.coroutine
-def pause(value=None):
-    """Suspend the awaiting coroutine, handing *value* to whoever steps it."""
-    return (yield value)
-
-
-def of_kind(kind, script):
-    """A function of *kind* whose body runs *script*, suspending where it yields."""
-    if kind == "generator":
-        return script
-    if kind == "coroutine":
-
-        async def coroutine(*args):
-            return await delegate(script(*args))
-
-        return coroutine
-
-    async def async_generator(*args):  # ``yield from`` for an async generator
-        steps = script(*args)
-        try:
-            value = next(steps)
-            while True:
-                try:
-                    request = yield value
-                except BaseException as exc:
-                    value = steps.throw(exc)
-                else:
-                    value = steps.send(request)
-        except StopIteration:
-            return
-
-    return async_generator
-
-
-def run_now(awaitable):
-    """The result of an awaitable that completes without suspending."""
-    try:
-        awaitable.send(None)
-    except StopIteration as stop:
-        return stop.value
-    except StopAsyncIteration:
-        raise StopIteration from None  # exhausted, as a generator says it
-    finally:
-        del awaitable  # an athrow awaitable holds what it raises: no cycle
-    raise AssertionError("the step suspended")
-
-
-class AsyncGeneratorSteps:
-    """Steps an async generator that never awaits, as a generator."""
-
-    def __init__(self, agen):
-        self.agen = agen
-
-    def send(self, value):
-        return run_now(self.agen.asend(value))
-
-    def throw(self, exc):
-        try:
-            return run_now(self.agen.athrow(exc))
-        finally:
-            del exc  # what this raises holds this frame: no cycle
-
-    def close(self):
-        return run_now(self.agen.aclose())
-
-
-def start(kind, func, *args):
-    """Call *func*; return its body, to step with send, throw and close."""
-    body = func(*args)
-    return AsyncGeneratorSteps(body) if kind == "async_generator" else body
-
-
-async def run_in_task(kind, func):
-    """Run *func*'s body in the current task, letting other tasks run between steps."""
-    if kind == "coroutine":
-        return await func()
-    async for _ in func():
-        await asyncio.sleep(0)
 
 
 class Boom(Exception):
@@ -282,25 +177,24 @@ class AutogradStateTestCase(TestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeSuspend(AutogradStateTestCase):
-    def step_in_each_caller_mode(self, body):
-        """Step *body* to its end from each caller mode in turn, checking each
-        step gives the caller back its whole state; return the body's result."""
+    def step_in_each_caller_mode(self, gen):
+        """Step *gen* to its end from each caller mode in turn, checking each
+        step gives the caller back its whole state; return the generator's result."""
         for contexts in itertools.cycle(CALLER_MODES):
             with enter_all(contexts):
                 before = autograd_state()
                 try:
-                    body.send(None)
+                    gen.send(None)
                 except StopIteration as stop:
                     return stop.value
                 finally:
                     self.assertEqual(autograd_state(), before)
 
-    @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_body_keeps_its_own_blocks(self, decorator, kind):
+    def test_body_keeps_its_own_blocks(self, decorator):
         seen = []
 
-        def script():
+        def gen():
             seen.append(autograd_state())
             with torch.set_grad_enabled(not torch.is_grad_enabled()):
                 with no_multithreading():
@@ -313,19 +207,16 @@ class TestGradModeSuspend(AutogradStateTestCase):
 
         with torch.inference_mode():
             first = state_under(decorator)
-            body = start(kind, decorate(decorator, of_kind(kind, script)))
-            result = self.step_in_each_caller_mode(body)
-        if kind != "async_generator":
-            self.assertEqual(result, "done")
+            result = self.step_in_each_caller_mode(decorate(decorator, gen)())
+        self.assertEqual(result, "done")
         self.assertEqual(seen[0], first)
         inside = seen[1]
         self.assertNotEqual(inside, first)
         self.assertEqual(seen[1:-1], [inside] * (len(CALLER_MODES) + 1))
         self.assertEqual(seen[-1], first)
 
-    @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_caller_gets_its_own_state_back(self, decorator, kind):
+    def test_caller_gets_its_own_state_back(self, decorator):
         body_blocks = (
             lambda: torch.inference_mode(not torch.is_inference_mode_enabled()),
             lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
@@ -335,7 +226,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
             lambda: enforce_grad_layout_policy(False),
         )
 
-        def script():
+        def gen():
             with contextlib.ExitStack() as stack:
                 for block in body_blocks:
                     stack.enter_context(block())
@@ -344,53 +235,13 @@ class TestGradModeSuspend(AutogradStateTestCase):
                 torch._C._set_grad_enabled(not torch.is_grad_enabled())
                 yield
 
-        body = start(kind, decorate(decorator, of_kind(kind, script)))
-        self.step_in_each_caller_mode(body)
+        self.step_in_each_caller_mode(decorate(decorator, gen)())
 
-    @parametrize("kind", ASYNC_KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_tasks_on_one_loop_keep_their_own_state(self, decorator, kind):
-        seen = {}
-
-        def script(name, block):
-            with block():
-                for _ in range(4):
-                    seen.setdefault(name, []).append(autograd_state())
-                    yield
-
-        def body(name, block):
-            return decorate(decorator, of_kind(kind, lambda: script(name, block)))
-
-        async def noise():  # undecorated, holds a different mode at each await
-            await asyncio.sleep(0)  # once the bodies have started from ours
-            for contexts in CALLER_MODES:
-                with enter_all(contexts):
-                    await asyncio.sleep(0)
-
-        async def main():
-            await asyncio.gather(
-                run_in_task(kind, body("a", torch.no_grad)),
-                run_in_task(kind, body("b", torch.inference_mode)),
-                noise(),
-                run_in_task(kind, body("c", no_multithreading)),
-            )
-
-        expected = {
-            "a": state_under(decorator, torch.no_grad),
-            "b": state_under(decorator, torch.inference_mode),
-            "c": state_under(decorator, no_multithreading),
-        }
-        before = autograd_state()
-        asyncio.run(main())
-        self.assertEqual(autograd_state(), before)
-        self.assertEqual(seen, {name: [s] * 4 for name, s in expected.items()})
-
-    @parametrize("kind", KINDS)
-    @parametrize("decorator", DECORATORS)
-    def test_send_throw_close(self, decorator, kind):
+    def test_send_throw_close(self, decorator):
         log = []
 
-        def script():
+        def gen():
             mode = autograd_state()
             try:
                 log.append((yield "first"))
@@ -402,7 +253,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
             finally:
                 log.append(("finally", autograd_state() == mode))
 
-        body = start(kind, decorate(decorator, of_kind(kind, script)))
+        body = decorate(decorator, gen)()
         with torch.inference_mode():
             self.assertEqual(body.send(None), "first")
         with torch.no_grad():
@@ -416,10 +267,9 @@ class TestGradModeSuspend(AutogradStateTestCase):
             self.assertEqual(autograd_state(), before)
         self.assertEqual(log, ["sent", ("caught", True), ("finally", True)])
 
-    @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_exceptions_propagate_unchanged(self, decorator, kind):
-        def script(exc, where):
+    def test_exceptions_propagate_unchanged(self, decorator):
+        def gen(exc, where):
             mode = autograd_state()
             if where == "raised on entry":
                 raise exc
@@ -436,8 +286,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
         for error, where in itertools.product(errors, wheres):
             with self.subTest(error=error.__name__, where=where):
                 exc = error("the original")
-                func = decorate(decorator, of_kind(kind, script))
-                body = start(kind, func, exc, where)
+                body = decorate(decorator, gen)(exc, where)
                 if where != "raised on entry":
                     body.send(None)  # to the yield
                 with torch.inference_mode():
@@ -468,14 +317,13 @@ class TestGradModeSuspend(AutogradStateTestCase):
             self.assertEqual(next(body), first)
         body.close()
 
-    @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_close_and_finalisation_run_in_the_body_mode(self, decorator, kind):
+    def test_close_and_finalisation_run_in_the_body_mode(self, decorator):
         for end in ("closed", "dropped"):
             with self.subTest(end=end):
                 log = []
 
-                def script():
+                def gen():
                     with no_multithreading():
                         try:
                             log.append(autograd_state())
@@ -483,7 +331,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
                         finally:
                             log.append(autograd_state())
 
-                body = start(kind, decorate(decorator, of_kind(kind, script)))
+                body = decorate(decorator, gen)()
                 body.send(None)
                 with torch.inference_mode(), GraphExecGroup():
                     before = autograd_state()
@@ -495,125 +343,38 @@ class TestGradModeSuspend(AutogradStateTestCase):
                 self.assertEqual(log, [log[0]] * 2)
                 self.assertEqual(log[0], state_under(decorator, no_multithreading))
 
-    @parametrize("decorator", DECORATORS)
-    def test_asyncio_run_closes_a_suspended_async_generator_in_its_mode(
-        self, decorator
-    ):
-        log = []
-        alive = []
-
-        async def agen():
-            with no_multithreading():
-                try:
-                    log.append(autograd_state())
-                    yield
-                finally:
-                    log.append(autograd_state())
-
-        async def main():
-            alive.append(decorate(decorator, agen)())
-            await alive[0].asend(None)  # left suspended for the loop to close
-
-        asyncio.run(main())
-        self.assertEqual(log, [log[0]] * 2)
-        self.assertEqual(log[0], state_under(decorator, no_multithreading))
-
-    @parametrize("kind", ASYNC_KINDS)
-    @parametrize("decorator", DECORATORS)
-    def test_cancellation_is_delivered_in_the_body_mode(self, decorator, kind):
-        log = []
-
-        async def wait_forever():
-            await asyncio.get_running_loop().create_future()
-
-        async def coroutine():
-            with no_multithreading():
-                log.append(autograd_state())
-                try:
-                    await wait_forever()
-                except asyncio.CancelledError:
-                    log.append(autograd_state())
-                    raise
-
-        async def async_generator():
-            await coroutine()
-            yield
-
-        funcs = {"coroutine": coroutine, "async_generator": async_generator}
-
-        async def main():
-            func = decorate(decorator, funcs[kind])
-            task = asyncio.create_task(run_in_task(kind, func))
-            await asyncio.sleep(0)
-            with torch.inference_mode():
-                before = autograd_state()
-                task.cancel()
-                with self.assertRaises(asyncio.CancelledError):
-                    await task
-                self.assertEqual(autograd_state(), before)
-
-        asyncio.run(main())
-        self.assertEqual(log, [state_under(decorator, no_multithreading)] * 2)
-
-    @parametrize("kind", KINDS)
-    @parametrize("decorator", DECORATORS)
-    def test_keeps_kind_and_metadata(self, decorator, kind):
-        def generator(a, b=1):
+    def test_keeps_kind_and_metadata(self):
+        def gen(a, b=1):
             """Doc."""
             yield a
 
-        async def coroutine(a, b=1):
-            """Doc."""
-            return a
-
-        async def async_generator(a, b=1):
-            """Doc."""
-            yield a
-
-        func = {
-            "generator": generator,
-            "coroutine": coroutine,
-            "async_generator": async_generator,
-        }[kind]
-        decorated = decorate(decorator, func)
-        predicates = (
-            inspect.isgeneratorfunction,
-            inspect.iscoroutinefunction,
-            inspect.isasyncgenfunction,
-        )
-        self.assertEqual(
-            [p(decorated) for p in predicates], [p(func) for p in predicates]
-        )
-        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-            self.assertEqual(getattr(decorated, name), getattr(func, name))
-        self.assertIs(decorated.__wrapped__, func)
-        self.assertEqual(inspect.signature(decorated), inspect.signature(func))
-        body = decorated(1)
-        made = {
-            "generator": inspect.isgenerator(body),
-            "coroutine": inspect.iscoroutine(body),
-            "async_generator": inspect.isasyncgen(body),
-        }
-        self.assertEqual(made, {k: k == kind for k in KINDS})
-        if kind == "coroutine":
-            body.close()  # never awaited
+        for decorator in DECORATORS:
+            with self.subTest(decorator=decorator):
+                decorated = decorate(decorator, gen)
+                self.assertTrue(inspect.isgeneratorfunction(decorated))
+                self.assertFalse(inspect.iscoroutinefunction(decorated))
+                self.assertFalse(inspect.isasyncgenfunction(decorated))
+                for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+                    self.assertEqual(getattr(decorated, name), getattr(gen, name))
+                self.assertIs(decorated.__wrapped__, gen)
+                self.assertEqual(inspect.signature(decorated), inspect.signature(gen))
+                self.assertTrue(inspect.isgenerator(decorated(1)))
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContexts(AutogradStateTestCase):
     """Contexts that are not grad modes are entered afresh around each step."""
 
-    @parametrize("kind", KINDS)
     @parametrize("context", OTHER_CONTEXTS)
-    def test_entered_per_step_and_owning_no_grad_mode(self, context, kind):
+    def test_entered_per_step_and_owning_no_grad_mode(self, context):
         make_decorator, body_sees = OTHER_CONTEXTS[context]
         log = []
 
-        def script():
+        def gen():
             while True:
                 yield torch.is_grad_enabled()
 
-        body = start(kind, make_decorator(log)(of_kind(kind, script)))
+        body = make_decorator(log)(gen)()
         callers = [True, False, True, False]
         seen = []
         for mode in callers:
@@ -626,11 +387,8 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
         if context != "set_stance":
             self.assertEqual(log.count("enter"), len(callers) + 1)  # and close
 
-    @parametrize("kind", KINDS)
     @parametrize("override", ["nothing", "clone", "__init__"])
-    def test_subclass_is_a_grad_mode_unless_it_overrides_how_it_is_made(
-        self, override, kind
-    ):
+    def test_subclass_is_a_grad_mode_unless_it_overrides_how_it_is_made(self, override):
         # Overriding clone or __init__ (or __enter__/__exit__) may do more
         # than set the autograd state: such a subclass is entered per step.
         namespace = {
@@ -640,7 +398,7 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
         }[override]
         subclass = type("NoGradSubclass", (torch.no_grad,), namespace)
 
-        def script():
+        def gen():
             seen = [torch.is_grad_enabled()]
             with torch.enable_grad():
                 yield
@@ -648,7 +406,7 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
             seen.append(torch.is_grad_enabled())
             yield seen
 
-        body = start(kind, subclass()(of_kind(kind, script)))
+        body = subclass()(gen)()
         body.send(None)
         with torch.no_grad():
             seen = body.send(None)
@@ -677,21 +435,6 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
             self.assertFalse(next(gen))
         gen.close()
 
-    def test_plain_context_on_a_coroutine_is_entered_per_step(self):
-        log = []
-
-        @Counting(log)
-        async def body():
-            while True:
-                await pause(torch.is_grad_enabled())
-
-        coro = body()
-        self.assertTrue(coro.send(None))
-        with torch.no_grad():
-            self.assertFalse(coro.send(None))
-        coro.close()
-        self.assertEqual(log, ["enter", "exit"] * 3)
-
     def test_inference_mode_false_body_key_guard_does_not_leak(self):
         autograd_cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
 
@@ -711,138 +454,78 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
         gen.close()
         self.assertEqual(autograd_state(), before)
 
-    @parametrize("kind", ("generator", "async_generator"))
-    def test_yielded_value_is_freed_once_the_caller_drops_it(self, kind):
+    def test_yielded_value_is_freed_once_the_caller_drops_it(self):
         @torch.no_grad()
-        def generator():
+        def gen():
             while True:
                 yield Payload()
 
-        @torch.no_grad()
-        async def async_generator():
-            while True:
-                yield Payload()
-
-        funcs = {"generator": generator, "async_generator": async_generator}
-        body = start(kind, funcs[kind])
-        with gc_disabled():
-            value = weakref.ref(body.send(None))
+        body = gen()
+        with disable_gc():
+            value = weakref.ref(next(body))
             self.assertIsNone(value())
         body.close()
 
-    @parametrize("kind", KINDS)
-    def test_no_reference_to_the_callers_state_between_steps(self, kind):
-        def script():
+    def test_no_reference_to_the_callers_state_between_steps(self):
+        @torch.no_grad()
+        def gen():
             yield
             yield
 
-        body = start(kind, torch.no_grad()(of_kind(kind, script)))
-        body.send(None)
-        with gc_disabled():
+        body = gen()
+        next(body)
+        with disable_gc():
             group = GraphExecGroup()
             with group:
-                body.send(None)
+                next(body)
             group = weakref.ref(group)
             self.assertIsNone(group())
         body.close()
 
-    @parametrize("kind", KINDS)
     @parametrize("fail", ("raise", "throw"))
-    def test_failing_step_leaves_no_cycle(self, fail, kind):
-        def script():
+    def test_failing_step_leaves_no_cycle(self, fail):
+        @torch.no_grad()
+        def gen():
             witness = Payload()
             yield weakref.ref(witness)
             raise Boom
 
-        with gc_disabled():
-            body = start(kind, torch.no_grad()(of_kind(kind, script)))
-            witness = body.send(None)
+        with disable_gc():
+            body = gen()
+            witness = next(body)
             try:
-                body.throw(Boom()) if fail == "throw" else body.send(None)
+                body.throw(Boom()) if fail == "throw" else next(body)
             except Boom:
                 pass
             self.assertIsNone(witness())
 
-    @parametrize("kind", KINDS)
-    def test_partial_of_each_kind_without_warnings(self, kind):
-        def script(n):
+    def test_partial_without_warnings(self):
+        def gen(n):
             for _ in range(n):
                 yield torch.is_grad_enabled()
 
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            decorated = torch.no_grad()(functools.partial(of_kind(kind, script), 2))
-            body = start(kind, decorated)
-            self.assertEqual([body.send(None), body.send(None)], [False, False])
+            body = torch.no_grad()(functools.partial(gen, 2))()
+            self.assertEqual([next(body), next(body)], [False, False])
             self.assertTrue(torch.is_grad_enabled())
             body.close()
 
-    @parametrize("kind", ["generator", "coroutine"])  # async generators: below
-    def test_sent_value_is_not_kept(self, kind):
-        def script():
+    def test_sent_value_is_not_kept(self):
+        @torch.no_grad()
+        def gen():
             while True:
                 yield  # and drops what it is sent
 
-        with gc_disabled():
-            body = start(kind, torch.no_grad()(of_kind(kind, script)))
-            body.send(None)
+        with disable_gc():
+            body = gen()
+            next(body)
             sent = Payload()
             ref = weakref.ref(sent)
             body.send(sent)
             del sent
             self.assertIsNone(ref())
             body.close()
-
-    def test_async_generator_arguments_and_sent_values_are_not_kept(self):
-        @torch.no_grad()
-        async def agen(payload):
-            del payload
-            while True:
-                yield  # and drops what it is sent
-
-        async def main():
-            payload, sent = Payload(), Payload()
-            refs = weakref.ref(payload), weakref.ref(sent)
-            stream = agen(payload)
-            del payload
-            await stream.asend(None)
-            await stream.asend(sent)
-            del sent
-            alive = [ref() is not None for ref in refs]
-            await stream.aclose()
-            return alive
-
-        with gc_disabled():
-            self.assertEqual(asyncio.run(main()), [False, False])
-
-    def test_async_generator_in_a_cycle_finishes_its_cleanup_in_its_mode(self):
-        log = []
-
-        class Request:
-            pass
-
-        @torch.no_grad()
-        async def stream(request):
-            try:
-                with torch.enable_grad():
-                    while True:
-                        yield
-            finally:
-                log.append(torch.is_grad_enabled())
-                await asyncio.sleep(0)  # the event loop finishes the clean-up
-                log.append(torch.is_grad_enabled())
-
-        async def main():
-            request = Request()
-            request.stream = stream(request)
-            await request.stream.__anext__()
-            del request
-            gc.collect()
-            for _ in range(5):
-                await asyncio.sleep(0)
-
-        asyncio.run(main())
-        self.assertEqual(log, [False, False])
 
     def test_compiled_function_steps_a_decorated_generator(self):
         @torch.no_grad()

@@ -1,0 +1,256 @@
+# Owner(s): ["module: autograd"]
+"""The binding that captures and installs a thread's autograd mode state.
+
+``torch._C._get_autograd_mode_state()`` captures the calling thread's state;
+``torch._C._swap_autograd_mode_state(state)`` installs one and returns the
+state it replaced.  A captured state restores the thread's autograd flags and
+the dispatch key bits inference mode toggles exactly.  The state returned by
+installing a captured one is a body's: it carries only the key bits it changed
+itself, unless its inference mode differs from the thread it is installed in.
+"""
+
+import contextlib
+import gc
+import threading
+import weakref
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch._C import DispatchKey, DispatchKeySet
+from torch.autograd.grad_mode import (
+    _force_original_view_tracking,
+    enforce_grad_layout_policy,
+    set_multithreading_enabled,
+)
+from torch.testing._internal.common_utils import (
+    run_tests,
+    skipIfTorchDynamo,
+    TestCase,
+)
+from torch.utils.checkpoint import GraphExecGroup
+
+
+def capture():
+    return torch._C._get_autograd_mode_state()
+
+
+def swap(state):
+    return torch._C._swap_autograd_mode_state(state)
+
+
+_STATE_QUERIES = (
+    torch.is_grad_enabled,
+    torch.is_inference_mode_enabled,
+    torch._C._is_fwd_grad_enabled,
+    torch._C._is_multithreading_enabled,
+    torch._C._is_view_replay_enabled,
+    torch._C._is_grad_layout_enforcement_enabled,
+    torch._C._get_graph_exec_group,
+    torch._C._dispatch_tls_local_include_set,
+    torch._C._dispatch_tls_local_exclude_set,
+)
+
+
+def autograd_state():
+    return tuple(repr(query()) for query in _STATE_QUERIES)
+
+
+def excluding(*keys):
+    keyset = DispatchKeySet(keys[0])
+    for key in keys[1:]:
+        keyset = keyset | DispatchKeySet(key)
+    return torch._C._ExcludeDispatchKeyGuard(keyset)
+
+
+def is_excluded(key):
+    return torch._C._dispatch_tls_local_exclude_set().has(key)
+
+
+# Contexts that each change one part of the state.
+CHANGES = {
+    "grad_mode": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "fwd_grad": lambda: fwAD._set_fwd_grad_enabled(False),
+    "multithreading": lambda: set_multithreading_enabled(False),
+    "view_replay": lambda: _force_original_view_tracking(True),
+    "grad_layout": lambda: enforce_grad_layout_policy(False),
+    "graph_exec_group": GraphExecGroup,
+    "autograd_key_excluded": lambda: excluding(DispatchKey.AutogradOther),
+}
+
+
+@contextlib.contextmanager
+def all_changes():
+    with contextlib.ExitStack() as stack:
+        for change in CHANGES.values():
+            stack.enter_context(change())
+        yield
+
+
+@skipIfTorchDynamo("switches the thread's autograd state under the tracer")
+class TestGradModeAutogradModeState(TestCase):
+    def setUp(self):
+        super().setUp()
+        # The guard's exit restores the thread's autograd state and local
+        # dispatch key sets, should a failing test leave them changed.
+        guard = torch._C._InferenceMode(torch.is_inference_mode_enabled())
+        guard.__enter__()
+        self.addCleanup(guard.__exit__, None, None, None)
+
+    def test_captured_state_round_trip(self):
+        changes = dict(CHANGES, everything=all_changes)
+        for name, change in changes.items():
+            with self.subTest(change=name):
+                outside = autograd_state()
+                saved = capture()
+                self.assertIsInstance(saved, torch._C._AutogradModeState)
+                with change():
+                    inside = autograd_state()
+                    self.assertNotEqual(inside, outside)
+                    replaced = swap(saved)
+                    self.assertEqual(autograd_state(), outside)
+                    swap(replaced)
+                    self.assertEqual(autograd_state(), inside)
+                    saved_inside = capture()
+                self.assertEqual(autograd_state(), outside)
+                replaced = swap(saved_inside)
+                self.assertEqual(autograd_state(), inside)
+                swap(replaced)
+                self.assertEqual(autograd_state(), outside)
+
+    def test_swap_without_change_is_a_no_op(self):
+        with torch.inference_mode(), set_multithreading_enabled(False):
+            before = autograd_state()
+            body = swap(capture())
+            self.assertEqual(autograd_state(), before)
+            swap(swap(body))
+            self.assertEqual(autograd_state(), before)
+
+    def test_other_dispatch_key_bits_are_the_threads(self):
+        # Bits inference mode never toggles belong to the thread, whatever is installed.
+        other = (DispatchKey.Python, DispatchKey.ADInplaceOrView)
+        saved = capture()
+        with excluding(*other):
+            replaced = swap(saved)
+            self.assertTrue(all(is_excluded(key) for key in other))
+            swap(replaced)
+            inside = capture()
+        replaced = swap(inside)
+        self.assertFalse(any(is_excluded(key) for key in other))
+        swap(replaced)
+
+    def test_body_state_carries_only_the_bits_it_changed(self):
+        caller = capture()
+        with excluding(DispatchKey.AutogradOther), torch.no_grad():
+            body = swap(caller)
+        with excluding(DispatchKey.AutogradNestedTensor):
+            before = autograd_state()
+            resumed = swap(body)
+            self.assertFalse(torch.is_grad_enabled())
+            # The body's bit, and the thread's bit the body never changed.
+            self.assertTrue(is_excluded(DispatchKey.AutogradOther))
+            self.assertTrue(is_excluded(DispatchKey.AutogradNestedTensor))
+            swap(resumed)
+            self.assertEqual(autograd_state(), before)
+
+    def test_body_keeps_the_bits_it_changed_in_earlier_steps(self):
+        caller = capture()
+        body = swap(caller)  # a first step that changes nothing: no bits owned
+        caller = swap(body)
+        with excluding(DispatchKey.AutogradOther):  # a step that changes one
+            body = swap(caller)
+        self.assertFalse(is_excluded(DispatchKey.AutogradOther))
+        caller = swap(body)
+        body = swap(caller)  # a step that changes nothing
+        with excluding(DispatchKey.AutogradNestedTensor):
+            caller = swap(body)
+            self.assertTrue(is_excluded(DispatchKey.AutogradOther))
+            self.assertTrue(is_excluded(DispatchKey.AutogradNestedTensor))
+            body = swap(caller)
+        caller = swap(body)
+        self.assertTrue(is_excluded(DispatchKey.AutogradOther))
+        self.assertFalse(is_excluded(DispatchKey.AutogradNestedTensor))
+        swap(caller)
+        self.assertFalse(is_excluded(DispatchKey.AutogradOther))
+
+    def test_body_started_below_autograd_does_not_carry_the_exclusion(self):
+        with excluding(DispatchKey.AutogradOther):
+            caller = capture()
+            with torch.no_grad():
+                body = swap(caller)
+        before = autograd_state()
+        caller = swap(body)
+        self.assertFalse(torch.is_grad_enabled())
+        self.assertFalse(is_excluded(DispatchKey.AutogradOther))
+        swap(caller)
+        self.assertEqual(autograd_state(), before)
+
+    def test_body_in_another_inference_mode_takes_all_the_bits(self):
+        for mode in (True, False):
+            with self.subTest(inference_mode=mode):
+                with torch.inference_mode(not mode):
+                    caller = capture()
+                    with torch.inference_mode(mode):
+                        inside = autograd_state()
+                        body = swap(caller)
+                    # The thread changed a bit the body never touched.
+                    with excluding(DispatchKey.AutogradNestedTensor):
+                        before = autograd_state()
+                        caller = swap(body)
+                        self.assertEqual(autograd_state(), inside)
+                        body = swap(caller)
+                        self.assertEqual(autograd_state(), before)
+
+    def test_state_in_another_thread(self):
+        with torch.inference_mode(), set_multithreading_enabled(False):
+            inside = autograd_state()
+            saved = capture()
+        seen = []
+
+        def worker():
+            before = autograd_state()
+            replaced = swap(saved)
+            seen.append(autograd_state())
+            swap(replaced)
+            seen.append(autograd_state() == before)
+
+        outside = autograd_state()
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        self.assertEqual(seen, [inside, True])
+        self.assertEqual(autograd_state(), outside)
+
+    def test_state_keeps_its_graph_exec_group_alive_and_collectable(self):
+        with GraphExecGroup() as group:
+            saved = capture()
+        group.saved = saved  # a cycle through the state
+        ref = weakref.ref(group)
+        del group
+        gc.collect()
+        self.assertIsNotNone(ref())
+        replaced = swap(saved)
+        self.assertIs(torch._C._get_graph_exec_group(), ref())
+        swap(replaced)
+        self.assertIsNone(torch._C._get_graph_exec_group())
+        del saved, replaced
+        gc.collect()
+        self.assertIsNone(ref())
+
+    def test_bad_arguments_raise_type_error(self):
+        before = autograd_state()
+        for bad in (None, 1, object(), torch.no_grad()):
+            with self.subTest(argument=type(bad).__name__):
+                with self.assertRaisesRegex(TypeError, "expected a state"):
+                    swap(bad)
+                self.assertEqual(autograd_state(), before)
+        with self.assertRaises(TypeError):
+            torch._C._get_autograd_mode_state(capture())
+        with self.assertRaises(TypeError):
+            torch._C._swap_autograd_mode_state()
+        with self.assertRaises(TypeError):
+            torch._C._AutogradModeState()
+
+
+if __name__ == "__main__":
+    run_tests()
