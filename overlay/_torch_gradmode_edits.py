@@ -48,10 +48,6 @@ def _insert_sorted(text, path, pattern, new_line, what):
             break
         run.append(i)
     at = next((i for i in run if lines[i].strip() > new_line.strip()), run[-1] + 1)
-    if at == run[-1] + 1 and "(" in lines[run[-1]] and ")" not in lines[run[-1]]:
-        while at < len(lines) and not lines[at].startswith(")"):  # past the last one's parenthesised names
-            at += 1
-        at += 1
     lines.insert(at, new_line)
     return "".join(lines)
 
@@ -110,6 +106,23 @@ def _module_names(text, path):
     return names
 
 
+def _insert_import(text, path, module, block):
+    """Insert import *block* of *module* among the first run of ``from autograd.* import``s, in order."""
+    tree = ast.parse(text, path)
+    run = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograd."):
+            run.append(node)
+        elif run:
+            break
+    if not run:
+        raise ExportError(f"{path}: no 'from autograd.* import' lines to put the import of {module} among")
+    later = [node for node in run if node.module > module]
+    lines = text.splitlines(keepends=True)
+    at = later[0].lineno - 1 if later else run[-1].end_lineno
+    return "".join(lines[:at]) + block + "".join(lines[at:])
+
+
 def wire_test_imports(text, path, context):
     """Import the step's new test modules' ``TestGradMode*`` classes beside ``autograd/test_complex.py``'s."""
     for test in (p for p in context["step_new"] if p.startswith("test/autograd/") and p.endswith(".py")):
@@ -125,7 +138,7 @@ def wire_test_imports(text, path, context):
         if len(line) > 89:
             body = "".join(f"    {name},\n" for name in names)
             line = f"from {module} import (  # noqa: F401\n{body})\n"
-        text = _insert_sorted(text, path, r"from autograd\.\w+ import ", line, f"the import of {module}")
+        text = _insert_import(text, path, module, line)
     return text
 
 
@@ -229,7 +242,8 @@ def wire_convert_frame(text, path, context):
     ``is_suspendable``: coroutine and async generator frames were converted.
     """
     _already(text, path, "is_suspendable")
-    for old, new in (("    is_generator,\n", "    is_suspendable,\n"), ("if is_generator(code):", "if is_suspendable(code):")):
+    swaps = (("    is_generator,\n", "    is_suspendable,\n"), ("if is_generator(code):", "if is_suspendable(code):"))
+    for old, new in swaps:
         if text.count(old) != 1:
             raise ExportError(f"{path}: expected one {old.strip()!r} to replace, found {text.count(old)}")
         text = text.replace(old, new)

@@ -98,7 +98,9 @@ def series(root):
 
 def inputs(root):
     """Every project file a build may read (for cache keys)."""
-    found = {os.path.abspath(__file__), os.path.join(root, "stack", "series")}
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = {os.path.join(here, name) for name in ("_torch_gradmode_splice.py", "_torch_gradmode_edits.py")}
+    found |= {os.path.join(root, "stack", "series"), os.path.join(root, "lint", "upstream", "autograd_mode_state.pyi")}
     for step in series(root):
         found.add(os.path.join(step.folder, "step"))
         for path in [*step.defines, *step.new]:

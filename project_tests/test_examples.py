@@ -7,8 +7,10 @@ last line (``--json``).  With the patch each exits 0 and its report meets the
 contract; on stock torch each exits 1, for the reasons checked below.
 """
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,8 +18,48 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "overlay"))
+import _torch_gradmode_overlay  # noqa: E402
 EXAMPLES = os.path.join(REPO, "examples")
-CHECKOUT_CONTEXTLIB = os.path.realpath(os.path.join(REPO, "torch", "utils", "_contextlib.py"))
+# The patched modules are built from the wheel's text and the checkout's
+# fragments into a tree build/overlay-<env>/<hash>/torch/... (the overlay's TREE_ROOT).
+BUILT_CONTEXTLIB = re.compile(
+    re.escape(os.path.join(os.path.realpath(REPO), "build", "overlay-"))
+    + r"[0-9a-f]{12}/[0-9a-f]{16}/torch/utils/_contextlib\.py\Z"
+)
+# Definitions the patch adds to torch/utils/_contextlib.py (upstream's has none of them).
+ADDED = ("_Body", "_driver", "_wrap_coroutine", "_wrap_async_generator")
+
+
+def defined_names(path):
+    with open(path, encoding="utf-8") as f:
+        return {
+            node.name for node in ast.parse(f.read(), path).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
+
+
+def assert_built(test, path):
+    """*path* is the _contextlib module this environment's overlay tree built: the fragment's definitions in it."""
+    test.assertRegex(path, BUILT_CONTEXTLIB)
+    test.assertTrue(path.startswith(_torch_gradmode_overlay.TREE_ROOT + os.sep), path)
+    test.assertFalse(os.path.islink(path), f"{path} is a link, not a built file")
+    names = defined_names(path)
+    for name in ADDED:
+        test.assertIn(name, names, path)
+    # Upstream's definitions are there too: a whole module, not the fragment.
+    test.assertIn("_NoParamDecoratorContextManager", names, path)
+
+
+def assert_stock(test, path):
+    """*path* is the wheel's own _contextlib module: outside the overlay trees, none of the patch's definitions."""
+    test.assertNotRegex(path, BUILT_CONTEXTLIB)
+    test.assertFalse(path.startswith(os.path.join(os.path.realpath(REPO), "build") + os.sep), path)
+    test.assertTrue(path.endswith(os.path.join("torch", "utils", "_contextlib.py")), path)
+    names = defined_names(path)
+    test.assertIn("_DecoratorContextManager", names, path)
+    for name in ADDED:
+        test.assertNotIn(name, names, path)
 
 
 def run_example(name, stock=False):
@@ -40,7 +82,7 @@ class TestRLPolicy(TestCase):
         rc, r, proc = run_example("rl_policy.py")
         self.assertEqual(rc, 0, proc.stdout + proc.stderr)
         self.assertTrue(r["ok"])
-        self.assertEqual(r["contextlib"], CHECKOUT_CONTEXTLIB)
+        assert_built(self, r["contextlib"])
         # The policy's actions are computed without grad ...
         self.assertEqual(r["policy_body_grad_enabled"], [False])
         self.assertEqual(r["policy_logits_require_grad"], [False])
@@ -59,7 +101,7 @@ class TestRLPolicy(TestCase):
         rc, r, proc = run_example("rl_policy.py", stock=True)
         self.assertEqual(rc, 1, proc.stdout + proc.stderr)
         self.assertFalse(r["ok"])
-        self.assertNotEqual(r["contextlib"], CHECKOUT_CONTEXTLIB)
+        assert_stock(self, r["contextlib"])
         self.assertEqual(r["learner_inference_mode"], [False, True])
         self.assertEqual(r["learner_steps_failed"], 40)
         self.assertEqual(r["inference_observations"], 40)
@@ -70,11 +112,11 @@ class TestDataLoaderGenerator(TestCase):
         rc, r, proc = run_example("dataloader_generator.py")
         self.assertEqual(rc, 0, proc.stdout + proc.stderr)
         self.assertTrue(r["ok"])
-        # Two spawned workers, both loading the checkout's module.
+        # Two spawned workers, both loading the module the main process loads, from the overlay tree.
         self.assertEqual(len(r["worker_pids"]), 2)
         self.assertNotIn(r["main_pid"], r["worker_pids"])
-        self.assertEqual(r["worker_contextlib"], [CHECKOUT_CONTEXTLIB])
-        self.assertEqual(r["main_contextlib"], CHECKOUT_CONTEXTLIB)
+        assert_built(self, r["main_contextlib"])
+        self.assertEqual(r["worker_contextlib"], [r["main_contextlib"]])
         # The body starts in the decorator's mode; its own enable_grad block
         # keeps grad on across every yield; after the block, the decorator's mode.
         self.assertEqual(r["grad_at_start"], [False])
@@ -87,7 +129,8 @@ class TestDataLoaderGenerator(TestCase):
         rc, r, proc = run_example("dataloader_generator.py", stock=True)
         self.assertEqual(rc, 1, proc.stdout + proc.stderr)
         self.assertFalse(r["ok"])
-        self.assertNotEqual(r["worker_contextlib"], [CHECKOUT_CONTEXTLIB])
+        self.assertEqual(r["worker_contextlib"], [r["main_contextlib"]])
+        assert_stock(self, r["main_contextlib"])
         self.assertEqual(r["grad_in_enable_grad_block"], [True, False, False, False] * 2)
         self.assertEqual(r["derivatives"], [0.0, None, None, None, 48.0, None, None, None])
 

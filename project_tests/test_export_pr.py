@@ -1,9 +1,11 @@
 """tools/export_pr.py on small PyTorch-shaped trees the tests build.
 
-The trees hold stand-ins for the upstream files the patch touches: a few
-lines each, with the lines the wiring edits anchor on.  One test uses the
-installed wheel's own copies of the files it ships (the two modules and
-Dynamo's trace rules), so that the anchors are checked against real text too.
+The trees hold, for the upstream files the splice checks by hash (the modules
+it splices into and Dynamo's files), the installed wheel's own copies, read at
+test time (this repository keeps no upstream text); for the other files the
+patch edits, stand-ins: a few lines each, with the lines the anchored edits
+look for.  ``--squash --out FILE`` writes one patch; ``--out-dir D`` the stack,
+one patch a step of ``stack/series``.
 """
 
 import ast
@@ -12,19 +14,20 @@ import re
 import subprocess
 import sys
 import tempfile
+import unittest
 
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = os.path.join(ROOT, "tools", "export_pr.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import export_pr  # noqa: E402
+DESCRIPTION = os.path.join(ROOT, "tools", "pr_description.md")
+sys.path.insert(0, os.path.join(ROOT, "overlay"))
+import _torch_gradmode_edits as edits  # noqa: E402
+import _torch_gradmode_splice as splice  # noqa: E402
 
-# Stand-ins for upstream files: only the shape the wiring edits rely on.
+# Stand-ins for upstream files the splice does not check by hash: only the shape the edits rely on.
 STAND_INS = {
     "version.txt": "2.13.0a0\n",
-    "torch/utils/_contextlib.py": "# stand-in for upstream's torch/utils/_contextlib.py\nX = 1\n",
-    "torch/autograd/grad_mode.py": "# stand-in for upstream's torch/autograd/grad_mode.py\nY = 2\n",
     "test/test_autograd.py": (
         "import torch\n\n\nclass TestAutograd:\n    pass\n\n\n"
         "from autograd.test_complex import TestAutogradComplex  # noqa: F401\n"
@@ -63,32 +66,6 @@ STAND_INS = {
         "def is_grad_enabled() -> _bool: ...\n"
         "def is_inference_mode_enabled() -> _bool: ...\n"
     ),
-    "torch/_dynamo/trace_rules.py": (
-        '"""Rules; see `manual_torch_name_rule_map` below."""\n'
-        "manual_torch_name_rule_map: dict[\n"
-        "    str,\n"
-        "    type[TorchInGraphFunctionVariable] | type[SkipFunctionVariable],\n"
-        "] = {\n"
-        '    "torch.onnx.is_in_onnx_export": TorchInGraphFunctionVariable,\n'
-        '    "torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
-        '    "torch._C._to_dlpack": SkipFunctionVariable,\n'
-        '    "torch.to_dlpack": SkipFunctionVariable,\n'
-        '    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n'
-        "}\n\n"
-        "other_rule_map = {\n"
-        '    "torch._C._aaa": SkipFunctionVariable,\n'
-        "}\n\n"
-        "torch_c_binding_in_graph_functions = dict.fromkeys(\n"
-        "    [\n"
-        '        "math.acos",\n'
-        '        "torch._C._get_autograd_fallback_mode",\n'
-        '        "torch._C._get_cpp_backtrace",\n'
-        '        "torch._C._set_grad_enabled",\n'
-        '        "torch._C._te.abs",\n'
-        "    ],\n"
-        "    TorchInGraphFunctionVariable,\n"
-        ")\n"
-    ),
     "docs/source/notes/autograd.md": (
         "# Autograd mechanics\n\n"
         "## Locally disabling gradient computation\n\n"
@@ -106,167 +83,251 @@ STAND_INS = {
     ),
 }
 
-SECTION = "docs/source/notes/grad_mode_suspend_section.md"
+SECTION = edits.SECTION
 NOTES = "docs/source/notes/autograd.md"
-TEST_MODULE = "test/autograd/test_grad_mode_suspend.py"
+STEPS = splice.series(ROOT)
+# The upstream modules the steps splice definitions into.
+SPLICED = sorted({path for step in STEPS for path in step.defines})
+# The edits that only add lines (wiring the new files in).
+ADD_ONLY = {"torch/csrc/Module.cpp", "build_variables.bzl", "torch/_C/__init__.pyi.in", "torch/_dynamo/trace_rules.py"}
+GIT_ID = ("-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false")
+_WHEEL = {}
 
 
-def read(path, root=ROOT):
-    with open(os.path.join(root, path)) as f:
+def wheel_torch_dir():
+    if "dir" not in _WHEEL:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
+            env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True, check=True, cwd=os.sep,
+        )
+        _WHEEL["dir"] = proc.stdout.strip()
+    return _WHEEL["dir"]
+
+
+def wheel_text(path):
+    """The installed wheel's copy of upstream file *path* (``torch/...``), or None."""
+    where = os.path.join(os.path.dirname(wheel_torch_dir()), path)
+    if not os.path.isfile(where):
+        return None
+    with open(where, encoding="utf-8") as f:
         return f.read()
 
 
-def make_tree(where, files=STAND_INS):
-    for path, text in files.items():
+def upstream_files(**overrides):
+    """A tree's files: the wheel's copies of the hash-checked files, the stand-ins, then *overrides*."""
+    files = {path: wheel_text(path) for path in splice.UPSTREAM_SHA256}
+    files = {path: text for path, text in files.items() if text is not None}
+    files.update(STAND_INS)
+    files.update(overrides)
+    return {path: text for path, text in files.items() if text is not None}
+
+
+def make_tree(where, files=None):
+    for path, text in (upstream_files() if files is None else files).items():
         full = os.path.join(where, path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as f:
+        with open(full, "w", encoding="utf-8") as f:
             f.write(text)
     git(where, "init", "-q")
     git(where, "add", "-A")
-    git(where, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "upstream")
+    git(where, *GIT_ID, "commit", "-qm", "upstream")
 
 
 def git(cwd, *args):
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-def run_export(*args):
-    return subprocess.run([sys.executable, EXPORT, *args], capture_output=True, text=True)
+def read(path, root=ROOT):
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def reader(root):
+    def read_upstream(path):
+        where = os.path.join(root, path)
+        return read(path, root) if os.path.isfile(where) else None
+
+    return read_upstream
+
+
+def run_export(*args, env=None):
+    return subprocess.run([sys.executable, EXPORT, *args], capture_output=True, text=True, env=env)
 
 
 def patched_paths(patch):
     return re.findall(r"^diff --git a/(\S+) b/", patch, re.M)
 
 
+def new_files():
+    """``{path: checkout file}`` of the new files, the last step's version of each."""
+    newest = {}
+    for step in STEPS:
+        for path in step.new:
+            newest[path] = step.source(path)
+    return newest
+
+
+def new_test_modules():
+    return [p for p in new_files() if p.startswith("test/autograd/") and p.endswith(".py")]
+
+
+def gradmode_classes(path):
+    return sorted(re.findall(r"^class (TestGradMode\w*)\b", read(os.path.relpath(new_files()[path], ROOT)), re.M))
+
+
 class ExportTestCase(TestCase):
     def setUp(self):
         super().setUp()
         self._tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self._tmp.cleanup)
         self.tmp = self._tmp.name
         self.tree = os.path.join(self.tmp, "pytorch")
         self.out = os.path.join(self.tmp, "pr.patch")
-
-    def tearDown(self):
-        self._tmp.cleanup()
-        super().tearDown()
+        self.out_dir = os.path.join(self.tmp, "series")
 
     def export_ok(self, *extra):
-        proc = run_export("--upstream", self.tree, "--out", self.out, *extra)
+        proc = run_export("--upstream", self.tree, "--squash", "--out", self.out, *extra)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with open(self.out) as f:
             return f.read(), proc.stderr
 
+    def export_series_ok(self, *extra):
+        proc = run_export("--upstream", self.tree, "--out-dir", self.out_dir, *extra)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return sorted(os.listdir(self.out_dir)), proc.stderr
+
     def export_fails(self, *extra):
-        proc = run_export("--upstream", self.tree, "--out", self.out, *extra)
-        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-        self.assertFalse(os.path.exists(self.out))
-        self.assertNotIn("Traceback", proc.stderr)
-        return proc.stderr
+        """Both forms fail with one clear line (exit 2), writing nothing."""
+        errors = []
+        for args in (("--squash", "--out", self.out), ("--out-dir", self.out_dir)):
+            proc = run_export("--upstream", self.tree, *args, *extra)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertFalse(os.path.exists(self.out))
+            self.assertFalse(os.path.isdir(self.out_dir) and os.listdir(self.out_dir))
+            self.assertNotIn("Traceback", proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertTrue(lines[0].startswith("export_pr: error: "), proc.stderr)
+            errors.append(lines[0])
+        self.assertEqual(errors[0], errors[1])
+        return errors[0]
+
+    def apply(self, patch_file):
+        git(self.tree, *GIT_ID, "am", "-q", "--keep-non-patch", patch_file)
 
 
-class TestExport(ExportTestCase):
+class TestSquash(ExportTestCase):
     def setUp(self):
         super().setUp()
         make_tree(self.tree)
 
-    def test_applies_and_carries_the_checkout(self):
-        patch, _ = self.export_ok()
+    def test_applies_and_builds_what_the_install_builds(self):
+        original = {path: read(path, self.tree) for path in SPLICED}
+        self.export_ok()
         git(self.tree, "apply", "--check", self.out)
-        git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
-        for path in export_pr.carried():
-            self.assertEqual(read(path, self.tree), read(path), path)
+        self.apply(self.out)
+        installed = splice.build_install(ROOT, lambda p: original.get(p, wheel_text(p)))
+        for path in SPLICED:
+            self.assertNotEqual(read(path, self.tree), original[path], path)
+            self.assertEqual(read(path, self.tree), installed[path], path)
+            compile(read(path, self.tree), path, "exec")
+        self.assertIn("def _driver(", read("torch/utils/_contextlib.py", self.tree))
+        self.assertIn("torch/utils/_contextlib.py", SPLICED)
+        for path, source in new_files().items():
+            self.assertEqual(read(path, self.tree), read(os.path.relpath(source, ROOT)), path)
         # The section is not a file of its own upstream: its text is in the notes.
         self.assertFalse(os.path.exists(os.path.join(self.tree, SECTION)))
         self.assertIn(read(SECTION), read(NOTES, self.tree))
 
     def test_touches_only_its_files_and_few_upstream_lines(self):
         patch, _ = self.export_ok()
-        paths = patched_paths(patch)
-        self.assertEqual(sorted(paths), sorted(set(export_pr.carried()) | set(export_pr.WIRING)))
+        expected = set(new_files())
+        for step in STEPS:
+            expected |= set(step.defines) | set(step.edits)
+        self.assertEqual(sorted(patched_paths(patch)), sorted(expected))
         stat = git(self.tree, "apply", "--numstat", self.out)
-        replaced = {"torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"}
         for line in stat.splitlines():
             added, removed, path = line.split("\t")
             if path == "test/test_autograd.py":
-                # One import statement, however many classes it names.
+                # One import statement a new test module, however many classes it names.
                 self.assertEqual(removed, "0", path)
                 hunks = patch.split(f"b/{path}\n", 1)[1].split("diff --git")[0]
                 added_lines = re.findall(r"^\+(?!\+\+)(.*)$", hunks, re.M)
                 statements = ast.parse("\n".join(added_lines)).body
-                self.assertEqual(len(statements), 1)
-                self.assertIsInstance(statements[0], ast.ImportFrom)
-                self.assertEqual(statements[0].module, "autograd.test_grad_mode_suspend")
+                self.assertTrue(all(isinstance(s, ast.ImportFrom) for s in statements), added_lines)
+                expected_modules = sorted("autograd." + os.path.splitext(os.path.basename(p))[0]
+                                          for p in new_test_modules())
+                self.assertEqual(sorted(s.module for s in statements), expected_modules)
             elif path == NOTES:
                 # The section and a blank line after it, nothing of upstream's touched.
                 self.assertEqual(removed, "0", path)
                 self.assertEqual(int(added), len(read(SECTION).splitlines()) + 1, path)
-            elif path in export_pr.WIRING:
+            elif path in new_files():
+                self.assertEqual(removed, "0", f"{path} is new: nothing of upstream's to remove")
+            elif path in ADD_ONLY:
                 self.assertEqual(removed, "0", path)
                 self.assertLessEqual(int(added), 8, path)
-            elif path not in replaced:
-                self.assertEqual(removed, "0", f"{path} is new: nothing of upstream's to remove")
+            elif path not in SPLICED:  # an anchored change of upstream's code: a few lines
+                self.assertLessEqual(int(removed), 8, path)
+                self.assertLessEqual(int(added), 8, path)
 
     def test_wiring_lands_where_upstream_keeps_its_likes(self):
         self.export_ok()
         git(self.tree, "apply", self.out)
-
-        def read(path):
-            with open(os.path.join(self.tree, path)) as f:
-                return f.read()
-
-        imports = [line for line in read("test/test_autograd.py").splitlines() if line.startswith("from autograd.")]
+        # One import a new test module, among upstream's "from autograd.* import", all in module order.
+        imports = [node.module for node in ast.parse(read("test/test_autograd.py", self.tree)).body
+                   if isinstance(node, ast.ImportFrom) and node.module.startswith("autograd.")]
+        for path in new_test_modules():
+            self.assertEqual(imports.count("autograd." + os.path.splitext(os.path.basename(path))[0]), 1, imports)
         self.assertEqual(imports, sorted(imports))
-        ours = [line for line in imports if line.startswith("from autograd.test_grad_mode_suspend import")]
-        self.assertEqual(len(ours), 1, imports)
-        module_cpp = read("torch/csrc/Module.cpp")
+        module_cpp = read("torch/csrc/Module.cpp", self.tree)
         self.assertIn("#include <torch/csrc/autograd/python_autograd_mode_state.h>\n"
                       "#include <torch/csrc/autograd/python_cpp_function.h>\n", module_cpp)
         self.assertIn("  torch::autograd::init_legacy_variable(module);\n"
                       "  torch::autograd::init_autograd_mode_state(module);\n", module_cpp)
-        bzl = read("build_variables.bzl")
+        bzl = read("build_variables.bzl", self.tree)
         core = bzl.split("libtorch_python_distributed_sources")[0]
         self.assertIn('    "torch/csrc/autograd/python_anomaly_mode.cpp",\n'
                       '    "torch/csrc/autograd/python_autograd_mode_state.cpp",\n'
                       '    "torch/csrc/autograd/python_cpp_function.cpp",\n', core)
         self.assertEqual(bzl.count("python_autograd_mode_state"), 1)
-        stubs = read("torch/_C/__init__.pyi.in")
+        stubs = read("torch/_C/__init__.pyi.in", self.tree)
         for name in ("_get_autograd_mode_state", "_swap_autograd_mode_state", "_AutogradModeState"):
             self.assertIn(name, stubs)
-        rules = read("torch/_dynamo/trace_rules.py")
-        for name in export_pr.BINDING_NAMES:
-            self.assertIn(f'"{name}"', rules)
-        notes = read(NOTES)
-        with open(os.path.join(ROOT, SECTION)) as f:
-            section = f.read()
-        # After the last grad mode's subsection, before the next heading, blank lines around it.
-        self.assertIn("version of no-grad mode.\n\n" + section + "\n### Evaluation Mode", notes)
-        # Graph breaks, beside the other torch._C skips inside manual_torch_name_rule_map, in order.
-        manual = rules[rules.index("manual_torch_name_rule_map: "):]
-        manual = manual[:manual.index("\n}")]
-        self.assertIn('    "torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
-                      '    "torch._C._get_autograd_mode_state": SkipFunctionVariable,\n'
-                      '    "torch._C._swap_autograd_mode_state": SkipFunctionVariable,\n'
-                      '    "torch._C._to_dlpack": SkipFunctionVariable,\n', manual)
-        for name in export_pr.BINDING_NAMES:
-            self.assertEqual(rules.count(f'"{name}"'), 1)
-        self.assertNotIn("autograd_mode_state", rules[rules.index("torch_c_binding_in_graph_functions"):])
-        self.assertNotIn("autograd_mode_state", rules[rules.index("other_rule_map"):])
         self.assertIn("# Defined in torch/csrc/autograd/python_autograd_mode_state.cpp\n", stubs)
         self.assertLess(stubs.index("_swap_autograd_mode_state"), stubs.index("def _set_grad_enabled"))
+        # Graph breaks, among the torch._C skips inside manual_torch_name_rule_map of the wheel's rules.
+        before = wheel_text("torch/_dynamo/trace_rules.py")
+        rules = read("torch/_dynamo/trace_rules.py", self.tree)
+        compile(rules, "trace_rules.py", "exec")
+        manual = rules[rules.index("manual_torch_name_rule_map: "):]
+        manual = manual[:manual.index("\n}")]
+        for name in edits.BINDING_NAMES:
+            self.assertEqual(rules.count(f'"{name}"'), 1)
+            self.assertIn(f'    "{name}": SkipFunctionVariable,\n', manual)
+        lines = manual.splitlines()
+        ours = [i for i, line in enumerate(lines) if "autograd_mode_state" in line]
+        self.assertEqual(ours, list(range(ours[0], ours[0] + len(edits.BINDING_NAMES))))
+        skip = re.compile(r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$')
+        self.assertTrue(skip.match(lines[ours[0] - 1]) or skip.match(lines[ours[-1] + 1]),
+                        lines[ours[0] - 2 : ours[-1] + 3])
+        self.assertEqual(rules.replace("".join(f'    "{n}": SkipFunctionVariable,\n' for n in edits.BINDING_NAMES), ""),
+                         before)
+        notes = read(NOTES, self.tree)
+        # After the last grad mode's subsection, before the next heading, blank lines around it.
+        self.assertIn("version of no-grad mode.\n\n" + read(SECTION) + "\n### Evaluation Mode", notes)
 
     def test_commit_message_is_the_description(self):
         patch, _ = self.export_ok()
-        with open(export_pr.DESCRIPTION) as f:
-            description = f.read()
+        description = read(os.path.relpath(DESCRIPTION, ROOT))
         subject = description.splitlines()[0]
         headers = patch.split("\n\n", 1)[0].replace("\n ", " ")  # git folds long header lines
         self.assertIn(f"Subject: [PATCH] {subject}\n", headers + "\n")
         # Markdown headings survive (git's default cleanup would drop them as comments).
-        for heading in ("## Summary", "## Motivation", "## Where the binding lives, and its names",
-                        "## Release notes", "## BC-breaking notes", "## Test plan", "## Proposed stack"):
+        headings = re.findall(r"^## .*$", description, re.M)
+        self.assertTrue(headings)
+        for heading in headings:
             self.assertIn(f"\n{heading}\n", patch)
-        self.assertNotIn("RESULTS_TABLE", patch)
 
     def test_reproducible(self):
         first, _ = self.export_ok()
@@ -275,29 +336,40 @@ class TestExport(ExportTestCase):
 
     def test_already_patched_tree_is_refused(self):
         self.export_ok()
-        git(self.tree, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", self.out)
+        self.apply(self.out)
         os.remove(self.out)
         err = self.export_fails()
         self.assertIn("DIR carries", err)
 
     def test_partly_patched_tree_is_refused(self):
-        for path in ("torch/csrc/autograd/python_autograd_mode_state.cpp", "test/autograd/test_grad_mode_suspend.py"):
+        for path in sorted(new_files()):
             with self.subTest(path=path):
                 full = os.path.join(self.tree, path)
                 os.makedirs(os.path.dirname(full), exist_ok=True)
                 with open(full, "w") as f:
                     f.write("// an older copy\n")
                 err = self.export_fails()
-                self.assertIn(f"already has {path}", err)
+                self.assertIn(f"already has {path}, which the patch adds", err)
                 os.remove(full)
-        with open(os.path.join(ROOT, "torch/utils/_contextlib.py")) as ours:
-            with open(os.path.join(self.tree, "torch/utils/_contextlib.py"), "w") as theirs:
-                theirs.write(ours.read())
-        self.assertIn("torch/utils/_contextlib.py is already this checkout's", self.export_fails())
-        with open(os.path.join(self.tree, "torch/utils/_contextlib.py"), "w") as theirs:
-            theirs.write(STAND_INS["torch/utils/_contextlib.py"])
+        # A module the splice reads whose text is not 2.13.0's: patched already, or changed.
+        built = splice.build_install(ROOT, reader(self.tree))
+        checked = sorted({p for step in STEPS for p in [*step.defines, *step.edits]} & set(splice.UPSTREAM_SHA256))
+        self.assertIn("torch/_dynamo/trace_rules.py", checked)
+        for path in checked:
+            with self.subTest(path=path):
+                original = read(path, self.tree)
+                for text in ([built[path]] if path in built else []) + [original + "# one more line\n"]:
+                    with open(os.path.join(self.tree, path), "w") as f:
+                        f.write(text)
+                    err = self.export_fails()
+                    self.assertIn(f"{path} is not torch 2.13.0's", err)
+                with open(os.path.join(self.tree, path), "w") as f:
+                    f.write(original)
+        self.export_ok()  # all restored
+        os.remove(self.out)
         os.remove(os.path.join(self.tree, "torch/autograd/grad_mode.py"))
-        self.assertIn("lacks torch/autograd/grad_mode.py, which the patch replaces", self.export_fails())
+        err = self.export_fails()
+        self.assertRegex(err, r"the target lacks torch/autograd/grad_mode\.py, which step \S+ changes")
 
     def test_crlf_and_non_utf8_are_refused(self):
         path = os.path.join(self.tree, "torch/csrc/Module.cpp")
@@ -314,13 +386,27 @@ class TestExport(ExportTestCase):
         for out, message in (
             (self.tmp, "is a directory"),
             (os.path.join(self.tmp, "no", "pr.patch"), "no such directory"),
-            ("", "--out is empty"),
         ):
             with self.subTest(out=out):
-                proc = run_export("--upstream", self.tree, "--out", out)
+                proc = run_export("--upstream", self.tree, "--squash", "--out", out)
                 self.assertEqual(proc.returncode, 2)
                 self.assertIn(message, proc.stderr)
                 self.assertNotIn("Traceback", proc.stderr)
+
+    def test_bad_arguments(self):
+        for args in (
+            ("--out", self.out),  # --out without --squash
+            ("--squash",),
+            ("--squash", "--out", ""),
+            ("--squash", "--out", self.out, "--out-dir", self.out_dir),
+            (),
+        ):
+            with self.subTest(args=args):
+                proc = run_export("--upstream", self.tree, *args)
+                self.assertEqual(proc.returncode, 2)
+                self.assertIn("give --out-dir D for the stack, or --squash --out FILE for one patch", proc.stderr)
+                self.assertFalse(os.path.exists(self.out))
+                self.assertFalse(os.path.exists(self.out_dir))
 
     def test_user_git_settings_do_not_reach_the_patch(self):
         first, _ = self.export_ok()
@@ -332,8 +418,7 @@ class TestExport(ExportTestCase):
         os.makedirs(elsewhere)
         git(elsewhere, "init", "-q")
         env = dict(os.environ, GIT_CONFIG_GLOBAL=config, GIT_DIR=os.path.join(elsewhere, ".git"))
-        proc = subprocess.run([sys.executable, EXPORT, "--upstream", self.tree, "--out", self.out],
-                              capture_output=True, text=True, env=env)
+        proc = run_export("--upstream", self.tree, "--squash", "--out", self.out, env=env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with open(self.out) as f:
             self.assertEqual(f.read(), first)
@@ -342,56 +427,103 @@ class TestExport(ExportTestCase):
         self.assertEqual(log.stdout, "")
 
 
+class TestSeries(ExportTestCase):
+    def setUp(self):
+        super().setUp()
+        make_tree(self.tree)
+
+    def test_one_patch_a_step_applied_in_order_builds_each_prefix(self):
+        upstream = upstream_files()
+        original = upstream.get
+        patches, stderr = self.export_series_ok()
+        self.assertTrue(all(re.match(r"\d{4}-.*\.patch\Z", p) for p in patches), patches)
+        left_out = re.findall(r"^export_pr: step (\S+) changes nothing in --upstream: left out$", stderr, re.M)
+        subjects = {step.description().splitlines()[0]: k for k, step in enumerate(STEPS, 1)}
+        applied = []
+        for patch in patches:
+            self.apply(os.path.join(self.out_dir, patch))
+            k = subjects[git(self.tree, "log", "-1", "--format=%s").strip()]
+            applied.append(STEPS[k - 1].name)
+            # After step k, each spliced module is what the first k steps build.
+            built = splice.build(ROOT, STEPS[:k], original)
+            for path in SPLICED:
+                self.assertEqual(read(path, self.tree), built.get(path, upstream[path]), f"{path} after {patch}")
+        # Every step is a patch, in the order of the series, or left out as empty, and said so.
+        self.assertEqual(sorted(applied + left_out, key=[s.name for s in STEPS].index), [s.name for s in STEPS])
+        self.assertEqual(applied, [s.name for s in STEPS if s.name not in left_out])
+        for step in STEPS:
+            if step.defines or step.new:
+                self.assertIn(step.name, applied)
+            if not (step.defines or step.new or step.edits):
+                self.assertIn(step.name, left_out)
+        # The last step: what the install builds.
+        installed = splice.build_install(ROOT, original)
+        for path in SPLICED:
+            self.assertEqual(read(path, self.tree), installed[path], path)
+        # The stack and the squashed patch end in the same tree.
+        proc = run_export("--upstream", self.tree, "--squash", "--out", self.out)
+        self.assertIn("DIR carries", proc.stderr)
+
+    def test_numbered_and_described(self):
+        patches, _ = self.export_series_ok()
+        for n, patch in enumerate(patches, 1):
+            with open(os.path.join(self.out_dir, patch)) as f:
+                text = f.read()
+            headers = text.split("\n\n", 1)[0].replace("\n ", " ")
+            self.assertIn(f"Subject: [PATCH {n}/{len(patches)}] ", headers)
+            self.assertTrue(patch.startswith(f"{n:04d}-"), patch)
+
+    def test_reproducible(self):
+        first, _ = self.export_series_ok()
+        texts = [read(p, self.out_dir) for p in first]
+        self.out_dir = os.path.join(self.tmp, "again")
+        second, _ = self.export_series_ok()
+        self.assertEqual(first, second)
+        self.assertEqual(texts, [read(p, self.out_dir) for p in second])
+
+    def test_bad_out_dir(self):
+        a_file = os.path.join(self.tmp, "a_file")
+        with open(a_file, "w") as f:
+            f.write("x\n")
+        self.export_series_ok()
+        for out_dir, message in ((a_file, "is a file; give a folder"), (self.out_dir, "already holds patches")):
+            with self.subTest(out_dir=out_dir):
+                proc = run_export("--upstream", self.tree, "--out-dir", out_dir)
+                self.assertEqual(proc.returncode, 2)
+                self.assertIn(message, proc.stderr)
+                self.assertNotIn("Traceback", proc.stderr)
+
+
 class TestExportRefusals(ExportTestCase):
     def test_lists_are_searched_only_inside(self):
-        files = dict(STAND_INS)
-        files["build_variables.bzl"] = (
+        make_tree(self.tree, upstream_files(**{"build_variables.bzl": (
             'libtorch_python_core_sources = [\n    "torch/csrc/DataLoader.cpp",\n]\n\n'
             'other_sources = [\n    "torch/csrc/autograd/python_variable.cpp",\n]\n'
-        )
-        make_tree(self.tree, files)
+        )}))
         err = self.export_fails()
         self.assertIn("build_variables.bzl: no line matching", err)
         self.assertIn("libtorch_python_core_sources", err)
 
-    def test_missing_wiring_target(self):
-        files = dict(STAND_INS)
-        del files["torch/csrc/Module.cpp"]
-        make_tree(self.tree, files)
+    def test_missing_edit_target(self):
+        make_tree(self.tree, upstream_files(**{"torch/csrc/Module.cpp": None}))
         err = self.export_fails()
-        self.assertIn("torch/csrc/Module.cpp", err)
+        self.assertIn("lacks torch/csrc/Module.cpp, which the patch edits", err)
         self.assertIn("--skip-missing", err)
         patch, stderr = self.export_ok("--skip-missing")
         self.assertNotIn("torch/csrc/Module.cpp", patched_paths(patch))
-        self.assertIn("torch/csrc/Module.cpp not in --upstream", stderr)
+        self.assertIn("torch/csrc/Module.cpp not in --upstream: exported without its edit", stderr)
         git(self.tree, "apply", "--check", self.out)
+        self.export_series_ok("--skip-missing")
 
     def test_missing_anchor(self):
-        files = dict(STAND_INS)
-        files["torch/csrc/Module.cpp"] = files["torch/csrc/Module.cpp"].replace("init_legacy_variable", "init_other")
-        make_tree(self.tree, files)
+        cpp = STAND_INS["torch/csrc/Module.cpp"].replace("init_legacy_variable", "init_other")
+        make_tree(self.tree, upstream_files(**{"torch/csrc/Module.cpp": cpp}))
         err = self.export_fails()
         self.assertIn("torch/csrc/Module.cpp: no line matching", err)
         self.assertIn("init_legacy_variable", err)
 
-    def test_missing_skip_rule_anchor(self):
-        files = dict(STAND_INS)
-        rules = files["torch/_dynamo/trace_rules.py"]
-        # torch._C skips outside the dict do not count.
-        files["torch/_dynamo/trace_rules.py"] = rules.replace(
-            '    "torch._C._to_dlpack": SkipFunctionVariable,\n', ""
-        ).replace('    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n', "")
-        make_tree(self.tree, files)
-        err = self.export_fails()
-        self.assertIn("torch/_dynamo/trace_rules.py: no line matching", err)
-        self.assertIn("manual_torch_name_rule_map", err)
-        files["torch/_dynamo/trace_rules.py"] = rules.replace("manual_torch_name_rule_map", "other_map")
-        make_tree(self.tree, files)
-        err = self.export_fails()
-        self.assertIn("torch/_dynamo/trace_rules.py: no 'manual_torch_name_rule_map:'", err)
-
     def test_other_version(self):
-        make_tree(self.tree, dict(STAND_INS, **{"version.txt": "2.12.0\n"}))
+        make_tree(self.tree, upstream_files(**{"version.txt": "2.12.0\n"}))
         err = self.export_fails()
         self.assertIn("PyTorch 2.12.0", err)
         self.assertIn("v2.13", err)
@@ -401,19 +533,66 @@ class TestExportRefusals(ExportTestCase):
         self.assertIn("not a PyTorch tree", self.export_fails())
         self.tree = os.path.join(self.tmp, "nowhere")
         self.assertIn("no such directory", self.export_fails())
+        self.tree = os.path.join(self.tmp, "a_file")
+        with open(self.tree, "w") as f:
+            f.write("x\n")
+        self.assertIn("not a directory", self.export_fails())
+        self.tree = ""
+        self.assertIn("--upstream is empty", self.export_fails())
+
+
+class TestTraceRulesEdit(TestCase):
+    """The trace rules are checked by hash in a tree: their edit's anchors, on synthetic text."""
+
+    RULES = (
+        "manual_torch_name_rule_map: dict[\n    str,\n"
+        "    type[TorchInGraphFunctionVariable] | type[SkipFunctionVariable],\n] = {\n"
+        '    "torch.onnx.is_in_onnx_export": TorchInGraphFunctionVariable,\n'
+        '    "torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
+        '    "torch._C._to_dlpack": SkipFunctionVariable,\n'
+        '    "torch.to_dlpack": SkipFunctionVariable,\n'
+        '    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n'
+        "}\n\n"
+        "other_rule_map = {\n"
+        '    "torch._C._aaa": SkipFunctionVariable,\n'
+        "}\n"
+    )
+
+    def test_in_the_first_run_of_torch_C_skips_of_the_manual_map(self):
+        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", {})
+        self.assertIn('"torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
+                      '    "torch._C._get_autograd_mode_state": SkipFunctionVariable,\n'
+                      '    "torch._C._swap_autograd_mode_state": SkipFunctionVariable,\n'
+                      '    "torch._C._to_dlpack": SkipFunctionVariable,\n', rules)
+        self.assertNotIn("autograd_mode_state", rules[rules.index("other_rule_map"):])
+
+    def test_missing_anchors(self):
+        rules = self.RULES.replace('    "torch._C._to_dlpack": SkipFunctionVariable,\n', "").replace(
+            '    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n', "")
+        with self.assertRaisesRegex(splice.SpliceError,
+                                    "torch/_dynamo/trace_rules.py: no line matching.*manual_torch_name_rule_map"):
+            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", {})
+        with self.assertRaisesRegex(splice.SpliceError,
+                                    "torch/_dynamo/trace_rules.py: no 'manual_torch_name_rule_map:'"):
+            edits.wire_trace_rules(self.RULES.replace("manual_torch_name_rule_map", "other_map"),
+                                   "torch/_dynamo/trace_rules.py", {})
+
+    def test_rules_that_have_the_names_already(self):
+        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", {})
+        with self.assertRaisesRegex(splice.SpliceError, "DIR carries"):
+            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", {})
 
 
 class TestExportSection(ExportTestCase):
     """The docs section: short, MyST, and inserted after the grad modes' subsections."""
 
     def notes_after_export(self, notes):
-        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        make_tree(self.tree, upstream_files(**{NOTES: notes}))
         self.export_ok()
         git(self.tree, "apply", self.out)
         return read(NOTES, self.tree)
 
     def test_section_is_short_and_fits_under_a_level_two_heading(self):
-        self.assertEqual(export_pr.sections(), {SECTION: NOTES})
         section = read(SECTION)
         lines = section.splitlines()
         self.assertLessEqual(len(lines), 80)
@@ -440,48 +619,39 @@ class TestExportSection(ExportTestCase):
 
     def test_missing_anchor(self):
         notes = STAND_INS[NOTES].replace("### Inference Mode", "### Inference")
-        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        make_tree(self.tree, upstream_files(**{NOTES: notes}))
         err = self.export_fails()
         self.assertIn(f"{NOTES}: no '### Inference Mode' heading", err)
 
     def test_notes_that_hold_the_section_already_are_refused(self):
         notes = STAND_INS[NOTES] + "\n" + read(SECTION)
-        make_tree(self.tree, dict(STAND_INS, **{NOTES: notes}))
+        make_tree(self.tree, upstream_files(**{NOTES: notes}))
         self.assertIn("DIR carries", self.export_fails())
-
-    def test_malformed_manifest_line(self):
-        manifest = os.path.join(self.tmp, "upstream_bound.txt")
-        with open(manifest, "w") as f:
-            f.write("torch/utils/_contextlib.py\ndocs/x.md ->  # no target\n")
-        saved = export_pr.MANIFEST
-        export_pr.MANIFEST = manifest
-        try:
-            with self.assertRaisesRegex(export_pr.ExportError, r"upstream_bound.txt:2: expected 'SECTION -> TARGET'"):
-                export_pr.sections()
-        finally:
-            export_pr.MANIFEST = saved
 
 
 class TestExportTestImports(ExportTestCase):
-    """test/test_autograd.py imports the TestGradMode* classes the new module defines, read from it."""
+    """test/test_autograd.py imports the TestGradMode* classes each new module defines, read from it."""
 
     def write_module(self, text):
-        with open(os.path.join(self.tmp, "test_x.py"), "w") as f:
+        path = os.path.join(self.tmp, "test_x.py")
+        with open(path, "w") as f:
             f.write(text)
-        return "test_x.py"
+        return path
 
-    def test_imports_every_class_the_module_defines(self):
-        self.assertEqual([p for p in export_pr.carried() if p.startswith("test/")], [TEST_MODULE])
-        defined = sorted(re.findall(r"^class (TestGradMode\w*)\b", read(TEST_MODULE), re.M))
-        self.assertTrue(defined)
+    def test_imports_every_class_each_module_defines(self):
+        self.assertTrue(new_test_modules())
         make_tree(self.tree)
         self.export_ok()
         git(self.tree, "apply", self.out)
         tree = ast.parse(read("test/test_autograd.py", self.tree))
-        imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)
-                   and node.module == "autograd.test_grad_mode_suspend"]
-        self.assertEqual(len(imports), 1)
-        self.assertEqual([alias.name for alias in imports[0].names], defined)
+        for path in new_test_modules():
+            with self.subTest(path=path):
+                module = "autograd." + os.path.splitext(os.path.basename(path))[0]
+                imports = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == module]
+                self.assertEqual(len(imports), 1)
+                defined = gradmode_classes(path)
+                self.assertTrue(defined)
+                self.assertEqual([alias.name for alias in imports[0].names], defined)
 
     def test_classes_are_read_from_the_source(self):
         path = self.write_module(
@@ -491,53 +661,44 @@ class TestExportTestImports(ExportTestCase):
             "class TestGradModeA(unittest.TestCase):\n    pass\n\n"
             "instantiate_parametrized_tests(TestGradModeA)\n"
         )
-        self.assertEqual(export_pr._test_classes(path, root=self.tmp), ["TestGradModeB", "TestGradModeA"])
+        self.assertEqual(edits._test_classes("test/autograd/test_x.py", path), ["TestGradModeB", "TestGradModeA"])
 
     def test_a_test_class_that_would_not_run_upstream_is_refused(self):
         path = self.write_module("class TestGradModeA:\n    pass\n\nclass TestOther:\n    pass\n")
-        with self.assertRaisesRegex(export_pr.ExportError, r"TestOther would not run upstream"):
-            export_pr._test_classes(path, root=self.tmp)
+        with self.assertRaisesRegex(splice.SpliceError, r"TestOther would not run upstream"):
+            edits._test_classes("test/autograd/test_x.py", path)
 
     def test_device_type_classes_are_refused(self):
         path = self.write_module(
             "class TestGradModeA:\n    pass\n\ninstantiate_device_type_tests(TestGradModeA, globals())\n"
         )
-        with self.assertRaisesRegex(export_pr.ExportError, r"TestGradModeA is instantiated per device type"):
-            export_pr._test_classes(path, root=self.tmp)
+        with self.assertRaisesRegex(splice.SpliceError, r"TestGradModeA is instantiated per device type"):
+            edits._test_classes("test/autograd/test_x.py", path)
 
     def test_a_name_test_autograd_has_already_is_refused(self):
-        name = re.search(r"^class (TestGradMode\w*)\b", read(TEST_MODULE), re.M).group(1)
-        files = dict(STAND_INS)
-        files["test/test_autograd.py"] = files["test/test_autograd.py"].replace(
+        path = new_test_modules()[0]
+        name = gradmode_classes(path)[0]
+        test_autograd = STAND_INS["test/test_autograd.py"].replace(
             "class TestAutograd:", f"class {name}:\n    pass\n\n\nclass TestAutograd:"
         )
-        make_tree(self.tree, files)
-        self.assertIn(f"test/test_autograd.py already defines or imports {name}", self.export_fails())
+        make_tree(self.tree, upstream_files(**{"test/test_autograd.py": test_autograd}))
+        self.assertIn(f"test/test_autograd.py already defines or imports {name}, which {path} defines too",
+                      self.export_fails())
 
 
-class TestExportAgainstTheWheel(ExportTestCase):
-    def test_wheel_files(self):
-        """The anchors are found in the wheel's own copies of the files it ships."""
-        proc = subprocess.run(
-            [sys.executable, "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
-            env=dict(os.environ, TORCH_GRADMODE_OVERLAY="0"), capture_output=True, text=True, check=True,
-        )
-        wheel = proc.stdout.strip()
-        files = dict(STAND_INS)
-        for path in ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py", "torch/_dynamo/trace_rules.py",
-                     "torch/version.py"):
-            with open(os.path.join(wheel, os.path.relpath(path, "torch"))) as f:
-                files[path] = f.read()
-        del files["version.txt"]
-        make_tree(self.tree, files)
+class TestExportAgainstTheWheelsStubs(ExportTestCase):
+    def test_wheel_stubs(self):
+        """The stubs' anchor is in the wheel's torch/_C/__init__.pyi, which carries __init__.pyi.in's text."""
+        stubs = wheel_text("torch/_C/__init__.pyi")
+        if stubs is None:
+            raise unittest.SkipTest("the wheel ships no torch/_C/__init__.pyi")
+        make_tree(self.tree, upstream_files(**{"torch/_C/__init__.pyi.in": stubs, "version.txt": None,
+                                               "torch/version.py": wheel_text("torch/version.py")}))
         self.export_ok()
-        git(self.tree, "apply", "--check", self.out)
         git(self.tree, "apply", self.out)
-        for path in ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"):
-            with open(os.path.join(ROOT, path)) as ours, open(os.path.join(self.tree, path)) as theirs:
-                self.assertEqual(theirs.read(), ours.read(), path)
-        with open(os.path.join(self.tree, "torch/_dynamo/trace_rules.py")) as f:
-            compile(f.read(), "trace_rules.py", "exec")
+        patched = read("torch/_C/__init__.pyi.in", self.tree)
+        compile(patched, "__init__.pyi", "exec")
+        self.assertIn("def _swap_autograd_mode_state(", patched)
 
 
 if __name__ == "__main__":

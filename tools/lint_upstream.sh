@@ -93,12 +93,18 @@ def read(path):
     return open(where, encoding="utf-8").read() if os.path.isfile(where) else None
 
 
+# The modules the patch writes definitions into, and its new files: the files
+# only an anchored edit touches (Dynamo's convert_frame.py, trace_rules.py) are
+# upstream's but for a line or two, under upstream's own per-file settings.
+steps = splice.series(root)
+ours = {p for s in steps for p in [*s.defines, *s.new]}
 shutil.rmtree(built, ignore_errors=True)
 for path, text in sorted(splice.build_install(root, read).items()):
-    os.makedirs(os.path.dirname(os.path.join(built, path)), exist_ok=True)
-    with open(os.path.join(built, path), "w", encoding="utf-8") as f:
-        f.write(text)
-    print(path)
+    if path in ours:
+        os.makedirs(os.path.dirname(os.path.join(built, path)), exist_ok=True)
+        with open(os.path.join(built, path), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(path)
 EOF
 ) || { echo "error: could not build the patched modules" >&2; exit 2; }
 for line in $listed; do
