@@ -151,11 +151,11 @@ class Piece:
         self.text = "".join(lines[self.first : node.end_lineno])
         self.members = members  # {name: Piece} of a class, else None
         # ``def f(...): ...`` stands for upstream's f: it only says where the pieces around it go.
-        body = getattr(node, "body", None)
+        body = getattr(node, "body", None) or []
         self.stub = (
             isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(body) == 1
-            and isinstance(body[0], ast.Expr) and body[0].value.value is Ellipsis
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else False
+            and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            and body[0].value.value is Ellipsis
         )
 
 
