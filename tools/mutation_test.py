@@ -1,26 +1,38 @@
 #!/usr/bin/env python3
 """A small AST mutation tester for the grad-mode patch.
 
-mutmut and cosmic-ray cannot follow the symlinked install, so this harness
-does the little they would do here:
+mutmut and cosmic-ray cannot follow the spliced install, so this harness does
+the little they would do here:
 
-1. snapshot the checkout's owned modules and tests into a work directory, so
-   that edits made in /work/main while it runs do not mix into a run;
-2. parse ``torch/utils/_contextlib.py`` and ``torch/autograd/grad_mode.py`` and
-   enumerate mutants (one small change each, see ``Mutator``);
-3. for each mutant, write the mutated module into a *mutant tree* -- a
-   directory ``torch/`` whose entries are links to the installed link tree
-   (``build/overlay-<key>/torch``) except for the directories on the way to the
-   owned modules, which are real directories of links, the owned modules being
-   real files -- and run the selected tests with
+1. snapshot the checkout's pieces -- ``stack/``, ``overlay/*.py``, the
+   fragments and every file a build reads (``_torch_gradmode_splice.inputs``),
+   and the tests -- into a work directory, so that edits made in /work/main
+   while it runs do not mix into a run;
+2. parse the *fragments* ``torch/utils/_contextlib.py``,
+   ``torch/autograd/grad_mode.py`` and ``torch/_dynamo/bytecode_transformation.py``
+   (only the definitions the patch adds or replaces), and enumerate mutants
+   (one small change each, see ``Mutator``): the mutated code is exactly the
+   patch's own;
+3. for each mutant, write the mutated fragment into the slot's copy of the
+   snapshot, build the module with ``_torch_gradmode_splice.build_install``
+   over the wheel's upstream text (as the install does), and write it into a
+   *mutant tree*: a directory ``torch/`` mirroring the current overlay tree
+   (``os.path.dirname(torch.__file__)`` with the overlay active, under
+   ``build/overlay-<env>/<hash>/``) -- links to the wheel's entries, real
+   directories where the overlay tree has them, the modules the snapshot builds
+   as real files -- and run the selected tests with
    ``TORCH_GRADMODE_OVERLAY=0 PYTHONPATH=<tree>`` so that ``import torch``
    loads the mutant (checked by a probe before the run starts);
 4. a mutant is *killed* when the tests fail (or time out), and *survives*
-   when they pass.  The score and every survivor's diff are printed.
+   when they pass; a mutant the splice refuses (``SpliceError``) is *invalid*
+   and left out of the score.  The score and every survivor's diff (of the
+   fragment) are printed.
 
-One mutant tree is kept per job slot and reused, with the bytecode of its
-real directories compiled once, so a mutant costs one pytest run.  The
-checkout itself is never written.
+The default tests are the upstream-bound ones, ``test/autograd/test_grad_mode_*.py``,
+``test/autograd/test_autograd_mode_state.py`` and ``test/dynamo/test_suspendable_frames.py``; ``--tests`` runs others
+(``project_tests/...`` included).  One mutant tree is kept per job slot and
+reused, with the bytecode of its real directories compiled once, so a mutant
+costs one splice and one pytest run.  The checkout itself is never written.
 
 Usage::
 
@@ -33,6 +45,8 @@ import argparse
 import ast
 import concurrent.futures
 import difflib
+import glob
+import importlib.util
 import json
 import os
 import random
@@ -44,17 +58,12 @@ import sys
 import time
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py"]
-OWNED = TARGETS  # modules the checkout owns and the mutant tree must hold as files
-TEST_FILES = [
-    "test/autograd/test_grad_mode_suspend.py",  # the upstream-bound test
-    "project_tests/test_grad_mode_matrix.py",
-    "project_tests/test_grad_mode_state_matrix.py",
-    "project_tests/test_grad_mode_property.py",
-    "project_tests/test_grad_mode_anyio.py",
-]
-TEST_HELPERS = ["project_tests/grad_mode_programs.py"]
-OPTIONAL_TEST_FILES = ["project_tests/test_grad_mode_compat.py"]  # slow: only with --tests
+TARGETS = ["torch/utils/_contextlib.py", "torch/autograd/grad_mode.py", "torch/_dynamo/bytecode_transformation.py"]
+OWNED = TARGETS  # fragments the checkout owns; the mutant tree holds their built modules as files
+TEST_FILES = sorted(  # the upstream-bound tests
+    os.path.relpath(p, CHECKOUT) for p in glob.glob(os.path.join(CHECKOUT, "test", "autograd", "test_grad_mode_*.py"))
+) + ["test/autograd/test_autograd_mode_state.py", "test/dynamo/test_suspendable_frames.py"]
+TEST_HELPERS = ["project_tests/grad_mode_programs.py"]  # for --tests project_tests/...
 DEFAULT_PYTHON = os.path.join(CHECKOUT, ".venv", "bin", "python")
 TEST_ENV = {
     "GRAD_MODE_PROPERTY_PROGRAMS": "100",
@@ -87,7 +96,7 @@ class Mutator(ast.NodeTransformer):
     ``is``/``is not``, ``in``/``not in``); swap ``True``/``False``; negate an
     ``if``/``while``/ternary condition; drop a ``not``; swap ``and``/``or``;
     return ``None`` instead of an expression; replace a statement of a body
-    with ``pass``; empty a ``finally`` block.
+    with ``pass`` (in a class body: leave it out); empty a ``finally`` block.
     """
 
     def __init__(self, target=None):
@@ -194,6 +203,10 @@ class Mutator(ast.NodeTransformer):
                 first = ast.unparse(stmt).splitlines()[0][:60]
                 if self._point(stmt, f"delete statement: {first}"):
                     stmts[i] = ast.copy_location(ast.Pass(), stmt)
+            if isinstance(node, ast.ClassDef) and len(stmts) > 1:
+                # A fragment's class holds definitions only (the splice refuses a
+                # ``pass``): a deleted class attribute is left out of the fragment.
+                stmts[:] = [s for s in stmts if not isinstance(s, ast.Pass)] or stmts
         return node
 
 
@@ -222,53 +235,103 @@ def mutant_diff(source, mutated, name):
 # ---------------------------------------------------------------------------
 
 
-def snapshot(workdir):
-    """Copy the owned modules and the tests: the run sees one consistent checkout."""
+def _load(name, path):
+    """Import module *name* from *path*, in place of any copy loaded already (the venv's start-up hook)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def snapshot(workdir, tests):
+    """Copy the pieces a build reads and the tests: the run sees one consistent checkout.
+
+    Returns the snapshot's directory and its splice module.
+    """
     snap = os.path.join(workdir, "snapshot")
     shutil.rmtree(snap, ignore_errors=True)
-    for rel in OWNED + TEST_FILES + TEST_HELPERS + OPTIONAL_TEST_FILES:
+    shutil.copytree(os.path.join(CHECKOUT, "stack"), os.path.join(snap, "stack"))
+    os.makedirs(os.path.join(snap, "overlay"))
+    for path in glob.glob(os.path.join(CHECKOUT, "overlay", "*.py")):
+        shutil.copy2(path, os.path.join(snap, "overlay"))
+    splice = _load("_torch_gradmode_splice", os.path.join(snap, "overlay", "_torch_gradmode_splice.py"))
+    inputs = [os.path.relpath(p, CHECKOUT) for p in splice.inputs(CHECKOUT)]
+    for rel in dict.fromkeys(inputs + OWNED + list(tests) + TEST_HELPERS):
         src = os.path.join(CHECKOUT, rel)
-        if os.path.exists(src):
+        if os.path.isfile(src) and not rel.startswith(("stack/", "overlay/")):
             os.makedirs(os.path.dirname(os.path.join(snap, rel)), exist_ok=True)
             shutil.copy2(src, os.path.join(snap, rel))
-    return snap
+    # The build imports _torch_gradmode_edits by name: the snapshot's too.
+    _load("_torch_gradmode_edits", os.path.join(snap, "overlay", "_torch_gradmode_edits.py"))
+    return snap, splice
 
 
-def build_tree(root, snap, python):
-    """A torch/ link tree at *root* whose owned modules are real files copied from *snap*."""
-    tree = subprocess.run(
-        [python, "-c", "import _torch_gradmode_overlay as o; print(o.TREE_ROOT)"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    base = os.path.join(tree, "torch")
-    if not os.path.isdir(base):
-        raise SystemExit(f"no link tree at {base}: run `python -c 'import torch'` in the venv once")
+def overlay_tree(python):
+    """The current overlay tree's torch/ (built for the checkout if need be)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_GRADMODE_OVERLAY", "TORCH_GRADMODE_STACK")}
+    out = subprocess.run([python, "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
+                         capture_output=True, text=True, env=env, cwd=CHECKOUT)
+    base = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    if not base.startswith(os.path.join(CHECKOUT, "build", "overlay-")):
+        raise SystemExit(f"no overlay tree: `import torch` in {python} gives {base!r}\n{out.stderr}")
+    return base
+
+
+def wheel_reader(base):
+    """``read(path)``: the wheel's upstream text of repo-relative *path*, or None."""
+    site = os.path.dirname(os.path.dirname(os.path.realpath(os.path.join(base, "__init__.py"))))
+
+    def read(path):
+        where = os.path.join(site, path)
+        if not path.startswith("torch/") or not os.path.isfile(where):
+            return None
+        with open(where, encoding="utf-8") as f:
+            return f.read()
+
+    return read
+
+
+def build_modules(splice, src, read):
+    """The modules of the wheel the build over the pieces at *src* writes: ``{torch/...py: text}``."""
+    built = splice.build_install(src, read)
+    return {p: t for p, t in built.items() if p.startswith("torch/") and p.endswith(".py")}
+
+
+def _mirror(src, dst, real_dirs):
+    """*dst* like the overlay tree's *src*: links to the wheel, real directories and files where it has them."""
+    os.mkdir(dst)
+    real_dirs.append(dst)
+    for name in os.listdir(src):
+        if name == "__pycache__":
+            continue
+        path = os.path.join(src, name)
+        if os.path.islink(path):
+            os.symlink(os.path.realpath(path), os.path.join(dst, name))
+        elif os.path.isdir(path):
+            _mirror(path, os.path.join(dst, name), real_dirs)
+        else:
+            shutil.copy2(path, os.path.join(dst, name))
+
+
+def build_tree(root, base, modules, python):
+    """A mutant tree at *root* over the overlay tree *base* (its torch/), with *modules* as files."""
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
-    owned_dirs = {""}
-    for rel in OWNED:
-        parts = rel.split("/")[1:-1]  # below torch/
-        for i in range(len(parts)):
-            owned_dirs.add("/".join(parts[: i + 1]))
-    for sub in sorted(owned_dirs):
-        src_dir = os.path.join(base, sub) if sub else base
-        dst_dir = os.path.join(root, "torch", sub) if sub else os.path.join(root, "torch")
-        os.makedirs(dst_dir, exist_ok=True)
-        for name in os.listdir(src_dir):
-            rel = f"{sub}/{name}" if sub else name
-            if name == "__pycache__" or rel in owned_dirs or f"torch/{rel}" in OWNED:
-                continue
-            os.symlink(os.path.realpath(os.path.join(src_dir, name)), os.path.join(dst_dir, name))
-    for rel in OWNED:
-        shutil.copy2(os.path.join(snap, rel), os.path.join(root, rel))
+    real_dirs = []
+    _mirror(base, os.path.join(root, "torch"), real_dirs)
+    for rel, text in modules.items():
+        path = os.path.join(root, rel)
+        if os.path.islink(path) or not os.path.exists(os.path.dirname(path)):
+            raise SystemExit(f"the overlay tree {base} has no file {rel}: is it out of date?")
+        write_module(root, rel, text)
     # The overlay is off in the tree (TORCH_GRADMODE_OVERLAY=0), but the
     # modules need the patch's C++ half in torch._C all the same.
     with open(os.path.join(root, "sitecustomize.py"), "w") as f:
         f.write("import _torch_gradmode_overlay\n_torch_gradmode_overlay.install_binding()\n")
     # Bytecode for the real directories, once: the environment may forbid
     # writing it at import time, and compiling torch/*.py on every run is slow.
-    for sub in sorted(owned_dirs):
-        d = os.path.join(root, "torch", sub) if sub else os.path.join(root, "torch")
+    for d in real_dirs:
         subprocess.run([python, "-m", "compileall", "-q", "-l", d], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -297,8 +360,9 @@ def tree_env(root):
 
 def probe(root, python):
     """Check that ``import torch`` in the mutant tree loads the tree's owned modules."""
-    code = ("import json, torch, torch.utils._contextlib as c, torch.autograd.grad_mode as g;"
-            "print(json.dumps([torch.__file__, c.__file__, g.__file__]))")
+    names = [rel[:-3].replace("/", ".") for rel in OWNED]
+    files = ", ".join(f"{n}.__file__" for n in names)
+    code = f"import json, torch, {', '.join(names)}; print(json.dumps([torch.__file__, {files}]))"
     out = subprocess.run([python, "-c", code], env=tree_env(root), capture_output=True, text=True, cwd=root)
     if out.returncode != 0:
         raise SystemExit(f"probe failed in {root}:\n{out.stderr}")
@@ -345,7 +409,7 @@ def run_tests(root, snap, python, timeout, k_expr, test_files=None):
 # ---------------------------------------------------------------------------
 
 
-_LOG_LINE = re.compile(r"^\[\d+/\d+\] (killed|survived|timeout) +([\d.]+)s (\S+):(\d+) line (\d+): (.*)$")
+_LOG_LINE = re.compile(r"^\[\d+/\d+\] (killed|survived|timeout|invalid) +([\d.]+)s (\S+):(\d+) line (\d+): (.*)$")
 
 
 def read_log(path, known):
@@ -392,7 +456,7 @@ def main(argv=None):
     args.python = os.path.abspath(args.python) if os.sep in args.python else args.python
 
     os.makedirs(args.workdir, exist_ok=True)
-    snap = snapshot(args.workdir)
+    snap, splice = snapshot(args.workdir, args.tests or TEST_FILES)
     sources = {}
     for rel in OWNED:
         with open(os.path.join(snap, rel)) as f:
@@ -430,17 +494,24 @@ def main(argv=None):
     # Stopped with SIGTERM (kill, a session ending) as with Ctrl-C: run the cleanup below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        return _run(args, snap, sources, mutants, earlier, total)
+        return _run(args, snap, splice, sources, mutants, earlier, total)
     finally:
         for proc in list(_RUNNING):
             _kill_group(proc)
 
 
-def _run(args, snap, sources, mutants, earlier, total):
+def _run(args, snap, splice, sources, mutants, earlier, total):
     # One tree per job slot, checked, and the unmutated snapshot must pass.
+    # Each slot splices from its own copy of the snapshot (``<slot>-src``).
+    base = overlay_tree(args.python)
+    read = wheel_reader(base)
+    modules = build_modules(splice, snap, read)
+    print(f"overlay tree: {base}; built from the snapshot: {', '.join(sorted(modules))}", flush=True)
     slots = [os.path.join(args.workdir, f"slot{i}") for i in range(max(1, args.jobs))]
     for root in slots:
-        build_tree(root, snap, args.python)
+        shutil.rmtree(root + "-src", ignore_errors=True)
+        shutil.copytree(snap, root + "-src")
+        build_tree(root, base, modules, args.python)
         probe(root, args.python)
     print("probe: import torch loads the mutant tree's modules", flush=True)
     status, secs, tail = run_tests(slots[0], snap, args.python, args.timeout * 2, args.k_expr, args.tests)
@@ -458,16 +529,26 @@ def _run(args, snap, sources, mutants, earlier, total):
         try:
             mutated, applied = make_mutant(sources[rel], index)
             assert applied is not None and applied[0] == index, (m, applied)
-            write_module(root, rel, mutated)
+            diff = mutant_diff(sources[rel], mutated, rel)
             try:
                 compile(mutated, rel, "exec")
             except SyntaxError:
-                return m, "killed", 0.0, "syntax error", mutant_diff(sources[rel], mutated, rel)
+                return m, "killed", 0.0, "syntax error", diff
+            # The mutated fragment, spliced into upstream's text as the install does.
+            with open(os.path.join(root + "-src", rel), "w") as f:
+                f.write(mutated)
+            try:
+                module = build_modules(splice, root + "-src", read)[rel]
+            except splice.SpliceError as exc:
+                return m, "invalid", 0.0, f"splice refuses it: {exc}", diff
+            write_module(root, rel, module)
             status, secs, tail = run_tests(root, snap, args.python, args.timeout, args.k_expr, args.tests)
-            return m, status, secs, tail, mutant_diff(sources[rel], mutated, rel)
+            return m, status, secs, tail, diff
         finally:
-            # Back to the unmutated module for the next mutant in this slot.
-            write_module(root, rel, sources[rel])
+            # Back to the unmutated fragment and module for the next mutant in this slot.
+            with open(os.path.join(root + "-src", rel), "w") as f:
+                f.write(sources[rel])
+            write_module(root, rel, modules[rel])
             free.append(root)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(slots))
@@ -481,11 +562,16 @@ def _run(args, snap, sources, mutants, earlier, total):
         # Stopped early: start no more mutants (main() kills the runs in flight).
         pool.shutdown(wait=False, cancel_futures=True)
 
-    killed = sum(r["status"] in ("killed", "timeout") for r in results)
-    survivors = [r for r in results if r["status"] == "survived"]
-    score = 100.0 * killed / len(results) if results else 0.0
-    print(f"\nscore: {killed}/{len(results)} killed = {score:.1f}%"
-          + (f" (sample of {len(results)} of {total} mutants, seed {args.seed})" if len(results) < total else ""))
+    invalid = [r for r in results if r["status"] == "invalid"]
+    for r in invalid:
+        print(f"INVALID (not scored) {r['file']}:{r['index']} line {r['line']}: {r['description']}")
+    scored = [r for r in results if r["status"] != "invalid"]
+    killed = sum(r["status"] in ("killed", "timeout") for r in scored)
+    survivors = [r for r in scored if r["status"] == "survived"]
+    score = 100.0 * killed / len(scored) if scored else 0.0
+    print(f"\nscore: {killed}/{len(scored)} killed = {score:.1f}%"
+          + (f" (sample of {len(results)} of {total} mutants, seed {args.seed})" if len(results) < total else "")
+          + (f"; {len(invalid)} invalid, not scored" if invalid else ""))
     for r in survivors:
         print(f"\nSURVIVED {r['file']}:{r['index']} line {r['line']}: {r['description']}\n{r['diff']}")
     if args.json:
