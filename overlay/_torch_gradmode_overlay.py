@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 import warnings
 
 import _torch_gradmode_splice as splice
@@ -133,6 +134,7 @@ def build_tree(torch_dir, steps):
     """Return the tree for *steps* over the wheel at *torch_dir*, building it unless it is cached."""
     where = os.path.join(TREE_ROOT, _key(torch_dir, steps))
     if os.path.isdir(where):
+        os.utime(where)  # in use: see _prune
         return where
     built = splice.build(CHECKOUT, steps, _reader(torch_dir), only=_in_wheel)
     built = {os.path.relpath(p, "torch"): t for p, t in built.items()}
@@ -145,17 +147,28 @@ def build_tree(torch_dir, steps):
         os.rename(tmp, where)
     except OSError:  # another process built the same tree first
         shutil.rmtree(tmp, ignore_errors=True)
-    _prune(where)
+    _prune()
     return where
 
 
-def _prune(keep, count=6):
-    """Remove all but the *count* newest trees (a running process may still import from one)."""
-    trees = [os.path.join(TREE_ROOT, n) for n in os.listdir(TREE_ROOT) if ".tmp" not in n]
-    trees.sort(key=os.path.getmtime, reverse=True)
-    for old in trees[count:]:
-        if old != keep:
-            shutil.rmtree(old, ignore_errors=True)
+def _prune(days=7):
+    """Remove the trees no interpreter has started from for *days*; a running one may still import from its own."""
+    for name in os.listdir(TREE_ROOT):
+        old = os.path.join(TREE_ROOT, name)
+        if not os.path.isdir(old):
+            continue
+        try:
+            stale = time.time() - os.path.getmtime(old) > days * 86400
+        except OSError:
+            continue
+        if stale:
+            # Renamed first: no process may take a tree half removed for a cached one.
+            trash = os.path.join(TREE_ROOT, f".trash{os.getpid()}-{name}")
+            try:
+                os.rename(old, trash)
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
 
 
 def has_binding(steps):
