@@ -288,6 +288,33 @@ class TestOverlayTree(TestCase):
             overlay.CHECKOUT = saved
 
 
+    def test_trees_in_use_are_kept_and_stale_ones_removed(self):
+        # Every prefix of the stack is a tree: more than the old keep-six rule allowed, while
+        # compare_stack.sh runs one prefix in one process and starts the next in another.
+        wheel = wheel_torch_dir()
+        saved = overlay.CHECKOUT, overlay.TREE_ROOT
+        overlay.CHECKOUT = self.copy
+        overlay.TREE_ROOT = os.path.join(self.copy, "build", "trees")
+        try:
+            steps = splice.series(self.copy)
+            trees = [overlay.build_tree(wheel, steps[:k]) for k in range(len(steps) + 1)]
+            self.assertEqual(len(set(trees)), len(steps) + 1)
+            for tree in trees:
+                self.assertTrue(os.path.isfile(os.path.join(tree, "torch", "utils", "_contextlib.py")), tree)
+            # Unused for longer than the limit: removed by the next build, renamed away first.
+            week = 8 * 86400
+            os.utime(trees[0], (os.path.getatime(trees[0]) - week, os.path.getmtime(trees[0]) - week))
+            overlay.build_tree(wheel, steps[:1])  # cached: uses its tree, prunes nothing
+            self.assertTrue(os.path.isdir(trees[0]))
+            self.edit_fragment("edited-3")
+            overlay.build_tree(wheel, steps)  # a new tree: prunes
+            self.assertFalse(os.path.exists(trees[0]))
+            self.assertTrue(all(os.path.isdir(t) for t in trees[1:]))
+            self.assertEqual([n for n in os.listdir(overlay.TREE_ROOT) if n.startswith(".")], [])
+        finally:
+            overlay.CHECKOUT, overlay.TREE_ROOT = saved
+
+
 class TestGradModeInstallRefusesOtherTorch(TestCase):
     """Another torch than 2.13.x: the install refuses, and the start-up hook stays off, saying why."""
 
