@@ -86,6 +86,22 @@ def _link_dir(wheel_dir, dst, built):
         _link_dir(os.path.join(wheel_dir, sub), os.path.join(dst, sub), inner)
 
 
+class StackSelectionError(RuntimeError):
+    """The steps asked for do not exist: ``import torch`` must fail rather than run stock torch."""
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Makes ``import torch`` raise *message*."""
+
+    def __init__(self, message):
+        self._message = message
+
+    def find_spec(self, name, path, target=None):
+        if name == "torch":
+            raise ImportError(f"torch grad-mode patch: {self._message} (or {ENV_SWITCH}=0 for stock torch)")
+        return None
+
+
 def selected_steps():
     """The steps ``$TORCH_GRADMODE_STACK`` selects: a number (the first N) or a step's name; default all."""
     steps = splice.series(CHECKOUT)
@@ -93,11 +109,11 @@ def selected_steps():
     if not want:
         return steps
     names = [step.name for step in steps]
-    if want.isdigit() and int(want) <= len(steps):
+    if want.isascii() and want.isdigit() and int(want) <= len(steps):
         return steps[: int(want)]
     if want in names:
         return steps[: names.index(want) + 1]
-    raise RuntimeError(
+    raise StackSelectionError(
         f"{STACK_SWITCH}={want!r}: give 0 to {len(steps)} or a step of stack/series ({', '.join(names)})"
     )
 
@@ -258,5 +274,7 @@ def _activate_from_pth():
     # A start-up hook must never stop the interpreter from starting: report and carry on.
     try:
         activate()
+    except StackSelectionError as exc:  # asked for steps that are not there: no silent stock torch
+        sys.meta_path.insert(0, _Refuse(str(exc)))
     except Exception as exc:  # noqa: BLE001
         sys.stderr.write(f"torch grad-mode patch: overlay inactive: {exc}\n")

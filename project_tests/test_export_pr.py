@@ -329,6 +329,14 @@ class TestSquash(ExportTestCase):
         for heading in headings:
             self.assertIn(f"\n{heading}\n", patch)
 
+    def test_a_prefix_carries_its_steps_descriptions(self):
+        steps = splice.series(ROOT)
+        patch, _ = self.export_ok("--steps", "3")
+        self.assertIn("[stack] steps 1-3:", patch.split("\n\n", 1)[0].replace("\n ", " "))
+        for k, step in enumerate(steps, 1):
+            subject = step.description().splitlines()[0]
+            (self.assertIn if k <= 3 else self.assertNotIn)(subject, patch.replace("\n ", " "))
+
     def test_reproducible(self):
         first, _ = self.export_ok()
         second, _ = self.export_ok()

@@ -287,7 +287,6 @@ class TestOverlayTree(TestCase):
         finally:
             overlay.CHECKOUT = saved
 
-
     def test_trees_in_use_are_kept_and_stale_ones_removed(self):
         # Every prefix of the stack is a tree: more than the old keep-six rule allowed, while
         # compare_stack.sh runs one prefix in one process and starts the next in another.
@@ -313,6 +312,32 @@ class TestOverlayTree(TestCase):
             self.assertEqual([n for n in os.listdir(overlay.TREE_ROOT) if n.startswith(".")], [])
         finally:
             overlay.CHECKOUT, overlay.TREE_ROOT = saved
+
+
+class TestGradModeInstallRefusesBadRequests(TestCase):
+    """Asked for what it cannot give, the install says so rather than run stock torch quietly."""
+
+    def test_unknown_stack_prefix_fails_import(self):
+        for value in ("99", "abc", "1.0", "\u00b2", "no-such-step"):
+            done = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True,
+                                  env=dict(os.environ, TORCH_GRADMODE_STACK=value))
+            self.assertNotEqual(done.returncode, 0, value)
+            self.assertIn(f"TORCH_GRADMODE_STACK={value!r}: give 0 to", done.stderr)
+            self.assertIn("TORCH_GRADMODE_OVERLAY=0 for stock torch", done.stderr)
+
+    def test_a_step_name_selects_its_prefix(self):
+        steps = splice.series(CHECKOUT)
+        probe = "import torch; print(hasattr(torch._C, '_swap_autograd_mode_state'))"
+        for k, expect in ((1, "False"), (3, "True")):
+            done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                  env=dict(os.environ, TORCH_GRADMODE_STACK=steps[k - 1].name))
+            self.assertEqual((done.returncode, done.stdout.strip()), (0, expect), done.stderr)
+
+    def test_a_non_editable_install_is_refused(self):
+        done = subprocess.run([sys.executable, "setup.py", "bdist_wheel"], cwd=CHECKOUT,
+                              capture_output=True, text=True)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("installs from its checkout only: pip install -e", done.stderr)
 
 
 class TestGradModeInstallRefusesOtherTorch(TestCase):

@@ -65,7 +65,14 @@ def check_install(torch_dir):
     installed = splice.build_install(ROOT, read)
     differ = sorted(p for p in set(stacked) | set(installed) if p.startswith("torch/") and
                     stacked.get(p) != installed.get(p))
-    return [f"{p}: the last step's differs from the install's" for p in differ]
+    problems = []
+    for path in differ:
+        named = {n.split(".")[0] for step in steps for n in step.defines.get(path, ())}
+        fragment = os.path.join(ROOT, path)
+        left = [n for n in splice.fragment_names(fragment) if n not in named] if os.path.isfile(fragment) else []
+        why = f" (no step defines {', '.join(left)})" if left else ""
+        problems.append(f"{path}: the last step's differs from the install's{why}")
+    return problems
 
 
 def _definitions(text):
@@ -187,6 +194,9 @@ def main(argv=None):
     parser.add_argument("--python", default=sys.executable, help="the venv's python, the patch installed")
     parser.add_argument("--only", metavar="STEP", help="check this step's tests only")
     args = parser.parse_args(argv)
+    names = [step.name for step in splice.series(ROOT)]
+    if args.only and args.only not in names:
+        parser.error(f"--only {args.only}: not a step of stack/series ({', '.join(names)})")
     problems = []
     with tempfile.TemporaryDirectory() as work:
         print("install = last step")

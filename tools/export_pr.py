@@ -142,6 +142,15 @@ def _reader(upstream):
     return read
 
 
+def _squash_message(steps, count):
+    """The whole stack's description, or for the first *count* steps theirs, one after another."""
+    if count is None or count == len(splice.series(ROOT)):
+        return _read(DESCRIPTION, DESCRIPTION)
+    subjects = [step.description().split("\n", 1)[0] for step in steps]
+    head = f"[stack] steps 1-{count}: {subjects[-1]}\n\n"
+    return head + "\n\n".join(f"# Step {k}: {d}" for k, d in enumerate((s.description() for s in steps), 1))
+
+
 def export(upstream, out=None, out_dir=None, skip_missing=False, count=None):
     """Write the stack (to *out_dir*) or one squashed patch (to *out*); return what was skipped.
 
@@ -193,7 +202,7 @@ def export(upstream, out=None, out_dir=None, skip_missing=False, count=None):
                 empty.append(step.name)
                 continue
             message = os.path.join(work, ".git", "MESSAGE")
-            _write(message, step.description() if step else _read(DESCRIPTION, DESCRIPTION))
+            _write(message, step.description() if step else _squash_message(steps, count))
             _git(work, "commit", "-q", "--cleanup=verbatim", "-F", message, env=env)
         if out is not None:
             patch = _git(work, "format-patch", "-1", "--stdout", "--no-signature", "--no-numbered", "HEAD", env=env)

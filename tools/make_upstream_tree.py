@@ -81,6 +81,10 @@ def main(argv=None):
         where = getattr(args, name)
         if where and not os.path.isdir(where):
             parser.error(f"--{name} {where}: no such directory")
+    if args.tests and not os.path.isfile(os.path.join(args.tests, "test_autograd.py")):
+        parser.error(f"--tests {args.tests} has no test_autograd.py (laid out as upstream's test/)")
+    if args.sources and os.path.isfile(os.path.join(args.sources, "test_autograd.py")):
+        parser.error(f"--sources {args.sources} holds test_autograd.py: --tests and --sources swapped?")
 
     wheel, version = wheel_dir(args.python)
     try:
