@@ -19,7 +19,8 @@ Rules the splice keeps:
   and the members the patch does not touch stay upstream's;
 * a new definition goes after the fragment's previous one present in the file,
   else before its next one, else at the end;
-* a name a fragment imports is imported only once a spliced definition uses it.
+* a name a fragment imports is imported only once a spliced definition uses it,
+  and a name upstream imports is dropped once the splice has replaced its last use.
 """
 
 import ast
@@ -420,7 +421,36 @@ def splice(text, path, fragment, names, used="", base=None):
         for alias in node.names:
             if _uses(used, _bound(alias)):
                 text = _import(text, node, alias, path)
-    return text, used
+    return _drop_unused(text, base, path), used
+
+
+def _code(text, path):
+    """*text* without its top-level import statements."""
+    lines = text.splitlines(keepends=True)
+    for node in reversed(_nodes(text, path)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            del lines[node.lineno - 1 : node.end_lineno]
+    return "".join(lines)
+
+
+def _drop_unused(text, base, path):
+    """Remove the names upstream imports and uses whose every use the splice replaced."""
+    before, after = _code(base, path), _code(text, path)
+    for node in reversed(_nodes(text, path)):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.col_offset:
+            continue
+        keep = [a for a in node.names if not (_uses(before, _bound(a)) and not _uses(after, _bound(a)))]
+        if len(keep) == len(node.names):
+            continue
+        lines = text.splitlines(keepends=True)
+        if not keep:
+            block = ""
+        elif isinstance(node, ast.ImportFrom) and not any(a.asname for a in keep):
+            block = _from_import(node.module, [a.name for a in keep], node.end_lineno > node.lineno)
+        else:
+            raise SpliceError(f"{path}:{node.lineno}: cannot drop the unused names of this import")
+        text = "".join(lines[: node.lineno - 1]) + block + "".join(lines[node.end_lineno :])
+    return text
 
 
 def _overlaid(final, own, where):

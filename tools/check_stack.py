@@ -11,7 +11,8 @@ the patch installed there (``pip install -e .``), it checks:
 1. the last step builds what the install builds (every fragment whole), and
    what it builds is a minimal edit: every upstream definition no step
    replaces is byte for byte upstream's, and a replaced one keeps upstream's
-   docstring (a ``.. versionchanged::`` paragraph may follow it);
+   docstring (a ``.. versionchanged::`` paragraph may follow it), and the
+   modules of every prefix pass upstream's ruff rules;
 2. the series (``tools/export_pr.py --out-dir``) applies in order with
    ``git am`` on DIR, or, without ``--upstream``, on a tree of the wheel's
    files (the edits of files the wheel lacks left out);
@@ -121,6 +122,33 @@ def check_minimal(torch_dir):
     return problems
 
 
+def check_lint(python, torch_dir, work):
+    """Every prefix's modules pass upstream's ruff rules (an import a step leaves unused, say)."""
+    ruff = os.path.join(os.path.dirname(python), "ruff")
+    if not os.path.isfile(ruff):
+        return [f"no ruff beside {python}: install requirements-dev.txt"]
+    read = _reader(os.path.dirname(torch_dir))
+    steps = splice.series(ROOT)
+    problems = []
+    for k in range(1, len(steps) + 1):
+        ours = {p for s in steps[:k] for p in s.defines}
+        built = splice.build(ROOT, steps[:k], read, only=lambda p: p in ours)
+        folder = os.path.join(work, "lint", str(k))
+        for path, text in built.items():
+            os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
+            with open(os.path.join(folder, path), "w", encoding="utf-8") as f:
+                f.write(text)
+        files = [os.path.join(folder, p) for p in built]
+        for args in (["check", "--output-format", "concise"], ["format", "--check"]):
+            config = os.path.join(ROOT, "lint", "upstream", "ruff.toml")
+            done = subprocess.run([ruff, *args, "--no-cache", "--config", config, *files],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                problems.append(f"steps 1-{k}: ruff {args[0]}: {done.stdout.strip() or done.stderr.strip()}")
+        print(f"  steps 1-{k}: ruff check and format clean" if not problems else f"  steps 1-{k}: see below")
+    return problems
+
+
 def check_series(python, upstream, work):
     """The series exports and applies, step by step, with git am."""
     tree = os.path.join(work, "tree")
@@ -203,6 +231,8 @@ def main(argv=None):
         problems += check_install(_wheel_torch(args.python))
         print("minimal diffs")
         problems += check_minimal(_wheel_torch(args.python))
+        print("each prefix lints")
+        problems += check_lint(args.python, _wheel_torch(args.python), work)
         if not args.only:
             print("series applies")
             problems += check_series(args.python, args.upstream, work)
