@@ -226,6 +226,8 @@ def _with_docstring(piece, old, lines, path, qualname):
     theirs, ours = _docstring(old) if old is not None else None, _docstring(piece.node)
     appended = ours is not None and ours.value.value.strip().startswith(_VERSIONCHANGED)
     if theirs is None or (ours is not None and not appended):
+        if old is not None:
+            piece = _Text(piece, "".join(_with_calls(piece, old, lines, path, qualname)))
         if theirs is not None:
             raise SpliceError(f"{path}: {qualname} would rewrite upstream's docstring (only append a "
                               f"'{_VERSIONCHANGED}' paragraph)")
@@ -233,7 +235,7 @@ def _with_docstring(piece, old, lines, path, qualname):
             raise SpliceError(f"{path}: {qualname} has no upstream docstring to append {_VERSIONCHANGED} to")
         return piece.text
     doc = "".join(lines[theirs.lineno - 1 : theirs.end_lineno])
-    own = piece.text.splitlines(keepends=True)
+    own = _with_calls(piece, old, lines, path, qualname)
     def_at = piece.node.lineno - 1 - piece.first
     head = def_at + _header_end("".join(own[def_at:]))
     if appended:
@@ -248,6 +250,53 @@ def _with_docstring(piece, old, lines, path, qualname):
     if re.match(r"[ \t]*(def|class|async def|@)\b", rest):
         doc += "\n"  # a nested definition is set off from the docstring, as ruff formats it
     return "".join(own[: head + 1]) + doc + rest
+
+
+class _Text:
+    """*piece* with another text of the same first lines."""
+
+    def __init__(self, piece, text):
+        self.__dict__.update(piece.__dict__)
+        self.text = text
+
+
+def _calls(node):
+    """The calls in *node*, in source order, by their callee's source."""
+    found = {}
+    for call in sorted((n for n in ast.walk(node) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
+        found.setdefault(ast.unparse(call.func), []).append(call)
+    return found
+
+
+def _with_calls(piece, old, lines, path, qualname):
+    """*piece*'s lines, each call written ``f(...)`` being upstream's same call (its n-th of ``f``), whole.
+
+    So a replaced definition keeps upstream's messages where it raises or
+    warns as upstream does, without the project writing them.
+    """
+    own = piece.text.splitlines(keepends=True)
+    theirs = _calls(old)
+    marked = [
+        (name, n, call)
+        for name, calls in _calls(piece.node).items()
+        for n, call in enumerate(calls)
+        if len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Constant)
+        and call.args[0].value is Ellipsis
+    ]
+    for name, n, call in sorted(marked, key=lambda m: (m[2].lineno, m[2].col_offset), reverse=True):
+        if n >= len(theirs.get(name, ())):
+            raise SpliceError(f"{path}: {qualname}: upstream's definition has no call {n + 1} of {name} to copy")
+        up = theirs[name][n]
+        source = "".join(lines[up.lineno - 1 : up.end_lineno])
+        source = source[up.col_offset : len(source) - len(lines[up.end_lineno - 1]) + up.end_col_offset]
+        shift = call.col_offset - up.col_offset
+        first, *rest = source.splitlines(keepends=True)
+        source = first + "".join(" " * shift + line if shift >= 0 else line[-shift:] for line in rest)
+        at, end = call.lineno - 1 - piece.first, call.end_lineno - 1 - piece.first
+        own[at : end + 1] = (own[at][: call.col_offset] + source + own[end][call.end_col_offset :]).splitlines(
+            keepends=True
+        )
+    return own
 
 
 def _docstring_text(source, cut):

@@ -645,3 +645,53 @@ class TestRealProject(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestUpstreamCallsAndImports(SpliceTestCase):
+    UP = textwrap.dedent('''\
+        import sys
+        import warnings
+
+
+        def f(x):
+            """Upstream's f."""
+            if x is None:
+                raise ValueError(
+                    "upstream's own words, "
+                    f"about {x}"
+                )
+            warnings.warn("first", stacklevel=2)
+            warnings.warn("second", stacklevel=2)
+            return sys.maxsize
+        ''')
+
+    def test_a_call_written_with_ellipsis_is_upstreams_whole(self):
+        text = self.splice('''\
+            def f(x):
+                if x is None or x == 0:
+                    raise ValueError(...)
+                warnings.warn(...)
+                warnings.warn(...)
+                return 0
+            ''', ["f"], upstream=self.UP)
+        self.assertIn('raise ValueError(\n            "upstream\'s own words, "\n            f"about {x}"\n        )\n',
+                      text)
+        self.assertLess(text.index('"first"'), text.index('"second"'))
+        self.assertIn("x == 0", text)
+        self.assertNotIn("(...)", text)
+
+    def test_a_call_upstream_does_not_make_is_refused(self):
+        with self.assertRaisesRegex(splice.SpliceError, "no call 1 of TypeError"):
+            self.splice('''\
+                def f(x):
+                    raise TypeError(...)
+                ''', ["f"], upstream=self.UP)
+
+    def test_an_import_whose_last_use_is_replaced_is_dropped(self):
+        text = self.splice('''\
+            def f(x):
+                warnings.warn(...)
+                return 0
+            ''', ["f"], upstream=self.UP)
+        self.assertNotIn("import sys", text)
+        self.assertIn("import warnings\n", text)

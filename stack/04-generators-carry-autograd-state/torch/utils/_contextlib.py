@@ -9,21 +9,18 @@ def context_decorator(ctx, func, *, carried=None):
         caller gets its own back after each.
     """
     if callable(ctx) and hasattr(ctx, "__enter__"):
-        raise AssertionError(
-            f"{ctx!r} is both callable and a context manager (it has __enter__), "
-            "so it is unclear which to use. Pass context_decorator(lambda: ctx()) "
-            "for a factory of context managers, or context_decorator(lambda: ctx) "
-            "for the context manager itself."
-        )
-    ctx_factory = ctx if callable(ctx) else (lambda: ctx)
+        raise AssertionError(...)
+
+    if not callable(ctx):
+
+        def ctx_factory():
+            return ctx
+
+    else:
+        ctx_factory = ctx
 
     if inspect.isclass(func):
-        raise RuntimeError(
-            "Cannot decorate classes: it is unclear whether the context should "
-            "apply to the constructor alone or to every method, and decorating "
-            "a class where it is defined would stop it from being used as a "
-            "type. Decorate the methods that need it instead."
-        )
+        raise RuntimeError(...)
 
     if isinstance(func, (staticmethod, classmethod)):
         # Wrap the function inside, by its kind, and keep the method kind.
@@ -48,14 +45,7 @@ def context_decorator(ctx, func, *, carried=None):
 class _DecoratorContextManager:
     def __call__(self, orig_func: F) -> F:
         if inspect.isclass(orig_func):
-            warnings.warn(
-                "Decorating classes is deprecated and will be disabled in "
-                "future versions: decorate functions or methods only. To keep "
-                "what class decoration does today, decorate the class's "
-                "`__init__` method alone.",
-                FutureWarning,
-                stacklevel=2,
-            )
+            warnings.warn(...)
             func = cast(F, lambda *args, **kwargs: orig_func(*args, **kwargs))
         else:
             func = orig_func

@@ -10,21 +10,18 @@ def context_decorator(ctx, func, *, carried=None):
         step instead, and its caller gets its own back after each.
     """
     if callable(ctx) and hasattr(ctx, "__enter__"):
-        raise AssertionError(
-            f"{ctx!r} is both callable and a context manager (it has __enter__), "
-            "so it is unclear which to use. Pass context_decorator(lambda: ctx()) "
-            "for a factory of context managers, or context_decorator(lambda: ctx) "
-            "for the context manager itself."
-        )
-    ctx_factory = ctx if callable(ctx) else (lambda: ctx)
+        raise AssertionError(...)
+
+    if not callable(ctx):
+
+        def ctx_factory():
+            return ctx
+
+    else:
+        ctx_factory = ctx
 
     if inspect.isclass(func):
-        raise RuntimeError(
-            "Cannot decorate classes: it is unclear whether the context should "
-            "apply to the constructor alone or to every method, and decorating "
-            "a class where it is defined would stop it from being used as a "
-            "type. Decorate the methods that need it instead."
-        )
+        raise RuntimeError(...)
 
     if isinstance(func, (staticmethod, classmethod)):
         # Wrap the function inside, by its kind, and keep the method kind.
