@@ -15,6 +15,8 @@ Rules the splice keeps:
 * every byte of the upstream file outside the replaced definitions stays;
 * a replaced definition keeps upstream's docstring (a fragment docstring that
   starts with ``.. versionchanged::`` is appended to it; any other is refused);
+* a call written ``f(...)`` in a replaced definition is upstream's n-th call
+  of ``f`` in that definition, copied whole: its messages stay upstream's;
 * a class in a fragment is merged member by member, so the class's docstring
   and the members the patch does not touch stay upstream's;
 * a new definition goes after the fragment's previous one present in the file,
