@@ -26,8 +26,12 @@ html_theme = "alabaster"
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"
 
-# The doctest builder: ``>>>`` examples run with torch imported.
-doctest_global_setup = "import torch"
+# The doctest builder: ``>>>`` examples run with torch imported, each page in
+# the default grad mode (the documents share one thread).
+doctest_global_setup = "import torch\ntorch.set_grad_enabled(True)"
+# Pages of upstream's docstrings, as the patch leaves them: upstream runs their
+# examples with xdoctest (tools/lint_upstream.sh does too), not sphinx's doctest.
+_UPSTREAM_EXAMPLES = {"grad_mode_api"}
 doctest_test_doctest_blocks = "default"
 
 _PROMPT = re.compile(r"^\s*>>> ", re.MULTILINE)
@@ -43,6 +47,10 @@ def _literal_examples_to_doctests(app, doctree):
     ``>>>`` prompt is turned into a doctest block (rendered the same way), so
     the doctest builder runs it.  Other literal blocks are left alone.
     """
+    if app.env.docname in _UPSTREAM_EXAMPLES:
+        for block in list(doctree.findall(nodes.doctest_block)):
+            block.replace_self(nodes.literal_block(block.astext(), block.astext()))
+        return
     for block in list(doctree.findall(nodes.literal_block)):
         text = block.astext()
         if "testnodetype" in block or not text.lstrip().startswith(">>> ") or not _PROMPT.search(text):
