@@ -52,7 +52,9 @@ _STATE_QUERIES = (
 
 
 def autograd_state():
-    return tuple(repr(query()) for query in _STATE_QUERIES)
+    # A key set's raw bits: its repr leaves out the backend bits.
+    values = (query() for query in _STATE_QUERIES)
+    return tuple(v.raw_repr() if isinstance(v, DispatchKeySet) else repr(v) for v in values)
 
 
 def excluding(*keys):
@@ -138,6 +140,20 @@ class TestGradModeAutogradModeState(TestCase):
         replaced = swap(inside)
         self.assertFalse(any(is_excluded(key) for key in other))
         swap(replaced)
+
+    def test_caller_gets_its_backend_bits_back(self):
+        # A body excluding one backend's autograd key sets a backend bit every
+        # per-backend key of the set shares: the caller must not keep it.
+        caller = capture()
+        before = autograd_state()
+        with excluding(DispatchKey.AutogradCPU):
+            body = swap(caller)
+            self.assertEqual(autograd_state(), before)
+            with excluding(DispatchKey.AutogradCUDA):
+                self.assertFalse(is_excluded(DispatchKey.AutogradCPU))
+            caller = swap(body)
+            self.assertTrue(is_excluded(DispatchKey.AutogradCPU))
+        self.assertEqual(autograd_state(), before)
 
     def test_body_state_carries_only_the_bits_it_changed(self):
         caller = capture()

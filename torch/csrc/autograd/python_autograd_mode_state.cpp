@@ -32,19 +32,28 @@ struct KeyBits {
 
 // The bits inference mode toggles: see Note [Expected TLS state in
 // InferenceMode].  Functionality bits only: backend bits are shared with
-// other keys, and removing keys ignores them anyway.
+// other keys (see overlay).
 constexpr KeyBits kInferenceBits{
     .included = c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView),
     .excluded = c10::autograd_dispatch_keyset};
 
-// ``to`` with the bits of ``from`` where ``mask`` is set.
+// ``to`` with the functionality bits of ``from`` where ``mask`` is set.  The
+// backend bits are shared by every per-backend key of a set: they are
+// ``from``'s where ``to``'s other functionality bits are ``from``'s too (so a
+// captured state comes back exactly), else those both need.
 c10::DispatchKeySet overlay(
     c10::DispatchKeySet to,
     c10::DispatchKeySet from,
     c10::DispatchKeySet mask) {
+  const uint64_t backends = c10::backend_bitset_mask.raw_repr();
+  const uint64_t others = ~mask.raw_repr() & ~backends;
+  const uint64_t kept = to.raw_repr() & others;
+  const uint64_t backend_bits = kept == (from.raw_repr() & others)
+      ? from.raw_repr() & backends
+      : (to.raw_repr() | from.raw_repr()) & backends;
   return c10::DispatchKeySet(
       c10::DispatchKeySet::RAW,
-      (to.raw_repr() & ~mask.raw_repr()) | (from.raw_repr() & mask.raw_repr()));
+      kept | (from.raw_repr() & mask.raw_repr() & ~backends) | backend_bits);
 }
 
 struct AutogradModeState {
