@@ -54,7 +54,9 @@ _STATE_QUERIES = (
 def autograd_state():
     # A key set's raw bits: its repr leaves out the backend bits.
     values = (query() for query in _STATE_QUERIES)
-    return tuple(v.raw_repr() if isinstance(v, DispatchKeySet) else repr(v) for v in values)
+    return tuple(
+        v.raw_repr() if isinstance(v, DispatchKeySet) else repr(v) for v in values
+    )
 
 
 def excluding(*keys):
