@@ -123,11 +123,11 @@ class editable_wheel_with_pth(editable_wheel):
         return WithPth()
 
 
+if any(cmd in sys.argv for cmd in ("bdist_wheel", "editable_wheel", "develop", "install")):
+    _torch_or_exit()
 if any(cmd in sys.argv for cmd in ("bdist_wheel", "install")) and "editable_wheel" not in sys.argv:
     # The start-up hook builds the patched modules from this checkout at every start.
     sys.exit(f"error: this patch installs from its checkout only: pip install -e {HERE}")
-if any(cmd in sys.argv for cmd in ("bdist_wheel", "editable_wheel", "develop", "install")):
-    _torch_or_exit()
 
 setup(
     name="torch-gradmode-patch",
