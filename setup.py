@@ -141,8 +141,12 @@ setup(
         Extension(
             "_torch_gradmode_C",
             # The upstream-bound binding, and the project-only module that loads it.
-            sources=["torch/csrc/autograd/python_autograd_mode_state.cpp", "overlay/_torch_gradmode_C.cpp"],
-            libraries=["c10", "torch_python"],
+            sources=[
+                "torch/csrc/autograd/python_autograd_mode_state.cpp",
+                "torch/csrc/autograd/python_autocast_state.cpp",
+                "overlay/_torch_gradmode_C.cpp",
+            ],
+            libraries=["c10", "torch_cpu", "torch_python"],
             extra_compile_args=["-std=c++20", "-O2", "-D_GLIBCXX_USE_CXX11_ABI=1"],
             language="c++",
         )

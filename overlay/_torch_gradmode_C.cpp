@@ -5,6 +5,7 @@
 // with torch._C right after torch._C is loaded.
 
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_autocast_state.h>
 #include <torch/csrc/autograd/python_autograd_mode_state.h>
 
 namespace {
@@ -16,11 +17,22 @@ PyObject* register_into(PyObject* /*module*/, PyObject* target) {
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* register_autocast_into(PyObject* /*module*/, PyObject* target) {
+  HANDLE_TH_ERRORS
+  torch::autograd::init_autocast_state(target);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"register_into",
      register_into,
      METH_O,
      "Add the autograd mode state binding to a module (torch._C)."},
+    {"register_autocast_into",
+     register_autocast_into,
+     METH_O,
+     "Add the autocast state binding to a module (torch._C)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {

@@ -15,18 +15,34 @@ import re
 
 from _torch_gradmode_splice import SpliceError
 
-BINDING_HEADER = "torch/csrc/autograd/python_autograd_mode_state.h"
-BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
-BINDING_INIT = "torch::autograd::init_autograd_mode_state(module);"
-STUBS = "lint/upstream/autograd_mode_state.pyi"
 SECTION = "docs/source/notes/grad_mode_suspend_section.md"
 # The new test modules' classes that test/test_autograd.py imports (and so runs).
 TEST_CLASS_PREFIX = "TestGradMode"
-# Every torch._C name the binding adds; Dynamo's trace rules must know each.
-BINDING_NAMES = (
-    "torch._C._get_autograd_mode_state",
-    "torch._C._swap_autograd_mode_state",
+
+
+class Binding:
+    """A C++ binding a step adds: ``torch/csrc/autograd/python_<name>.cpp``, its header, init and stubs."""
+
+    def __init__(self, name, names):
+        self.source = f"torch/csrc/autograd/python_{name}.cpp"
+        self.header = f"torch/csrc/autograd/python_{name}.h"
+        self.init = f"torch::autograd::init_{name}(module);"
+        self.stubs = f"lint/upstream/{name}.pyi"
+        # Every torch._C name the binding adds; Dynamo's trace rules must know each.
+        self.names = tuple(f"torch._C._{n}" for n in names)
+
+
+BINDINGS = (
+    Binding("autograd_mode_state", ("get_autograd_mode_state", "swap_autograd_mode_state")),
+    Binding("autocast_state", ("get_autocast_state", "swap_autocast_state")),
 )
+
+
+def _bindings(context):
+    """The bindings the step being built adds."""
+    return [b for b in BINDINGS if b.source in context["step_new"]]
+
+
 ExportError = SpliceError
 
 
@@ -143,16 +159,18 @@ def wire_test_imports(text, path, context):
 
 
 def wire_module_init(text, path, context):
-    """Register the binding in ``torch._C``: include its header, call its init beside the legacy variable's."""
-    _already(text, path, BINDING_HEADER)
-    text = _insert_sorted(
-        text, path, r"#include <torch/csrc/autograd/", f"#include <{BINDING_HEADER}>\n", "the binding's #include"
-    )
-    anchor = re.compile(r"^(\s*)torch::autograd::init_legacy_variable\(module\);\n", re.M)
-    m = anchor.search(text)
-    if not m:
-        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's init after")
-    return text[:m.end()] + f"{m.group(1)}{BINDING_INIT}\n" + text[m.end():]
+    """Register each binding in ``torch._C``: include its header, call its init beside the legacy variable's."""
+    for b in _bindings(context):
+        _already(text, path, b.header)
+        text = _insert_sorted(
+            text, path, r"#include <torch/csrc/autograd/", f"#include <{b.header}>\n", "the binding's #include"
+        )
+        anchor = re.compile(r"^(\s*)torch::autograd::init_legacy_variable\(module\);\n", re.M)
+        m = anchor.search(text)
+        if not m:
+            raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's init after")
+        text = text[:m.end()] + f"{m.group(1)}{b.init}\n" + text[m.end():]
+    return text
 
 
 def _in_list(text, path, opener, closer, edit):
@@ -165,41 +183,46 @@ def _in_list(text, path, opener, closer, edit):
 
 
 def wire_build_list(text, path, context):
-    """Add the binding's source to ``libtorch_python_core_sources``."""
-    _already(text, path, BINDING_SOURCE)
-    return _in_list(
-        text, path, "libtorch_python_core_sources = [", "\n]",
-        lambda block: _insert_sorted(
-            block, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{BINDING_SOURCE}",\n',
-            "the binding's source in libtorch_python_core_sources",
-        ),
-    )
+    """Add each binding's source to ``libtorch_python_core_sources``."""
+    for b in _bindings(context):
+        _already(text, path, b.source)
+        text = _in_list(
+            text, path, "libtorch_python_core_sources = [", "\n]",
+            lambda block, b=b: _insert_sorted(
+                block, path, r'\s+"torch/csrc/autograd/python_\w+\.cpp",', f'    "{b.source}",\n',
+                "the binding's source in libtorch_python_core_sources",
+            ),
+        )
+    return text
 
 
 def wire_stubs(text, path, context):
-    """Declare the binding's type and functions in a section before ``_set_grad_enabled``'s."""
-    block = _read(os.path.join(context["root"], STUBS)).strip("\n") + "\n\n"
-    _already(text, path, "_swap_autograd_mode_state")
-    anchor = re.compile(r"^# Defined in torch/csrc/autograd/init\.cpp\ndef _set_grad_enabled\(", re.M)
-    m = anchor.search(text)
-    if not m:
-        raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs before")
-    return text[:m.start()] + block + text[m.start():]
+    """Declare each binding's type and functions in a section before ``_set_grad_enabled``'s."""
+    for b in _bindings(context):
+        block = _read(os.path.join(context["root"], b.stubs)).strip("\n") + "\n\n"
+        _already(text, path, b.names[-1].rsplit(".", 1)[1])
+        anchor = re.compile(r"^# Defined in torch/csrc/autograd/init\.cpp\ndef _set_grad_enabled\(", re.M)
+        m = anchor.search(text)
+        if not m:
+            raise ExportError(f"{path}: no line matching {anchor.pattern!r} to put the binding's stubs before")
+        text = text[:m.start()] + block + text[m.start():]
+    return text
 
 
 def wire_trace_rules(text, path, context):
-    """Make Dynamo graph-break on the binding's functions: map them to ``SkipFunctionVariable``.
+    """Make Dynamo graph-break on each binding's functions: map them to ``SkipFunctionVariable``.
 
-    Both change thread-local state and return an opaque object, so they must
+    They change thread-local state and return an opaque object, so they must
     never be put in a graph.  They go in ``manual_torch_name_rule_map`` among
     its other ``"torch._C.<name>": SkipFunctionVariable,`` entries (the first
     run of them, beside ``torch._C._to_dlpack`` upstream), in order.
     """
-    for name in BINDING_NAMES:
+    names = [name for b in _bindings(context) for name in b.names]
+    for name in names:
         _already(text, path, f'"{name}"')
 
     def edit(block):
-        for name in BINDING_NAMES:
+        for name in names:
             block = _insert_sorted(
                 block, path, r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$',
                 f'    "{name}": SkipFunctionVariable,\n',

@@ -30,7 +30,12 @@ import _torch_gradmode_splice as splice
 SUPPORTED_TORCH = ("2.13",)
 ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
 STACK_SWITCH = "TORCH_GRADMODE_STACK"
-BINDING_SOURCE = "torch/csrc/autograd/python_autograd_mode_state.cpp"
+# The C++ sources a step may add, and the function of _torch_gradmode_C that
+# registers each in torch._C.
+BINDINGS = {
+    "torch/csrc/autograd/python_autograd_mode_state.cpp": "register_into",
+    "torch/csrc/autograd/python_autocast_state.cpp": "register_autocast_into",
+}
 
 _OVERLAY_DIR = os.path.dirname(os.path.realpath(__file__))
 CHECKOUT = os.path.dirname(_OVERLAY_DIR)
@@ -187,9 +192,9 @@ def _prune(days=7):
             shutil.rmtree(trash, ignore_errors=True)
 
 
-def has_binding(steps):
-    """Whether *steps* add the C++ binding (before that, ``torch._C`` must not have it)."""
-    return any(BINDING_SOURCE in step.new for step in steps)
+def bindings(steps):
+    """The registering functions of the C++ bindings *steps* add (``torch._C`` has no other)."""
+    return [register for source, register in BINDINGS.items() if any(source in step.new for step in steps)]
 
 
 class _BindingRegistrar(importlib.abc.MetaPathFinder):
@@ -201,8 +206,9 @@ class _BindingRegistrar(importlib.abc.MetaPathFinder):
     does right after loading ``torch._C``.
     """
 
-    def __init__(self, torch_version):
+    def __init__(self, torch_version, registers):
         self._torch_version = torch_version
+        self._registers = registers
 
     def find_spec(self, name, path, target=None):
         if name != "torch._C":
@@ -210,14 +216,15 @@ class _BindingRegistrar(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is not None:
-            spec.loader = _RegisteringLoader(spec.loader, self._torch_version)
+            spec.loader = _RegisteringLoader(spec.loader, self._torch_version, self._registers)
         return spec
 
 
 class _RegisteringLoader(importlib.abc.Loader):
-    def __init__(self, loader, torch_version):
+    def __init__(self, loader, torch_version, registers):
         self._loader = loader
         self._torch_version = torch_version
+        self._registers = registers
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -239,7 +246,8 @@ class _RegisteringLoader(importlib.abc.Loader):
                 f"{self._torch_version} is installed; reinstall the patch (pip install -e {CHECKOUT}) "
                 f"or set {ENV_SWITCH}=0 for stock torch"
             )
-        _torch_gradmode_C.register_into(module)
+        for register in self._registers:
+            getattr(_torch_gradmode_C, register)(module)
 
 
 def activate():
@@ -254,20 +262,21 @@ def activate():
     check_version(version)
     steps = selected_steps()
     sys.path.insert(0, build_tree(torch_dir, steps))
-    if has_binding(steps):
-        install_binding(version)
+    if bindings(steps):
+        install_binding(version, bindings(steps))
 
 
-def install_binding(version=None):
+def install_binding(version=None, registers=tuple(BINDINGS.values())):
     """Have the next ``import torch`` register the patch's C++ half in ``torch._C``.
 
     *version* is the installed torch's (read from the wheel when not given):
-    the C++ half must have been built against it.
+    the C++ half must have been built against it.  *registers* names the
+    bindings to register (all, by default).
     """
     if version is None:
         version = torch_version(wheel_torch_dir())
     if not any(isinstance(finder, _BindingRegistrar) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _BindingRegistrar(version))
+        sys.meta_path.insert(0, _BindingRegistrar(version, registers))
 
 
 def _activate_from_pth():

@@ -263,18 +263,25 @@ class _Text:
 
 
 def _calls(node):
-    """The calls in *node*, in source order, by their callee's source."""
+    """The calls and assignments in *node*, in source order, by their callee's or targets' source."""
     found = {}
-    for call in sorted((n for n in ast.walk(node) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
-        found.setdefault(ast.unparse(call.func), []).append(call)
+    nodes = (n for n in ast.walk(node) if isinstance(n, (ast.Call, ast.Assign)))
+    for n in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
+        key = ast.unparse(n.func) if isinstance(n, ast.Call) else " = ".join(map(ast.unparse, n.targets)) + " ="
+        found.setdefault(key, []).append(n)
     return found
+
+
+def _is_ellipsis(node):
+    return isinstance(node, ast.Constant) and node.value is Ellipsis
 
 
 def _with_calls(piece, old, lines, path, qualname):
     """*piece*'s lines, each call written ``f(...)`` being upstream's same call (its n-th of ``f``), whole.
 
     So a replaced definition keeps upstream's messages where it raises or
-    warns as upstream does, without the project writing them.
+    warns as upstream does, without the project writing them.  An assignment
+    written ``x = ...`` is upstream's n-th assignment to ``x``, whole, alike.
     """
     own = piece.text.splitlines(keepends=True)
     theirs = _calls(old)
@@ -282,12 +289,12 @@ def _with_calls(piece, old, lines, path, qualname):
         (name, n, call)
         for name, calls in _calls(piece.node).items()
         for n, call in enumerate(calls)
-        if len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Constant)
-        and call.args[0].value is Ellipsis
+        if isinstance(call, ast.Assign) and _is_ellipsis(call.value)
+        or isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords and _is_ellipsis(call.args[0])
     ]
     for name, n, call in sorted(marked, key=lambda m: (m[2].lineno, m[2].col_offset), reverse=True):
         if n >= len(theirs.get(name, ())):
-            raise SpliceError(f"{path}: {qualname}: upstream's definition has no call {n + 1} of {name} to copy")
+            raise SpliceError(f"{path}: {qualname}: upstream's definition has no {n + 1}. {name!r} to copy")
         up = theirs[name][n]
         source = "".join(lines[up.lineno - 1 : up.end_lineno])
         source = source[up.col_offset : len(source) - len(lines[up.end_lineno - 1]) + up.end_col_offset]

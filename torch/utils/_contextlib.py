@@ -16,24 +16,33 @@ from torch._C import _set_grad_enabled, is_grad_enabled
 class _Body:
     """The context of one suspendable body, and the state it carries between steps."""
 
+    ctx: Any = None
     state: Any = None
 
-    def __init__(self, ctx_factory, carried):
-        self.ctx_factory, self.carried = ctx_factory, carried
+    def __init__(self, ctx_factory, carried, agen=None):
+        self.ctx_factory, self.carried, self.agen = ctx_factory, carried, agen
 
-    def begin(self):
-        """Set the body's state: its caller's, with the context applied."""
-        capture, swap = self.carried
-        caller = capture()
-        with self.ctx_factory():
-            self.state = swap(caller)
+    def enter(self):
+        """Enter the context: the body starts."""
+        ctx = self.ctx_factory()
+        ctx.__enter__()
+        self.ctx = ctx
+
+    def exit(self, exc):
+        """Exit the context, in the body's state, if *exc* ended the body."""
+        if self.ctx is None or type(exc) is StopIteration and getattr(self.agen, "ag_frame", None):
+            return  # not entered, or a step of an async generator, which yielded
+        if isinstance(exc, (StopIteration, StopAsyncIteration)):
+            self.ctx.__exit__(None, None, None)
+        else:
+            self.ctx.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _driver(start):
     """Make a generator function that steps a body (the wrapper itself, so a step costs one frame).
 
     ``start(*args, **kwargs)`` returns a :class:`_Body` and what it steps: a
-    generator, a coroutine or an ``asend``/``athrow`` awaitable.
+    generator, a coroutine or an ``asend``/``athrow``/``aclose`` awaitable.
     """
 
     def drive(*args, **kwargs):
@@ -41,16 +50,19 @@ def _driver(start):
         del args, kwargs  # an athrow awaitable's exception holds this frame
         if torch.compiler.is_dynamo_compiling():
             body.carried = None  # Dynamo models a context entered at each step
-        if body.state is None and body.carried is not None:
-            body.begin()
         swap = body.carried[1] if body.carried else None
         method, arg = it.send, None
         try:
             while True:
                 if swap:
-                    caller = swap(body.state)
+                    caller = swap(body.state) if body.ctx else body.carried[0]()
                     try:
+                        if body.ctx is None:
+                            body.enter()
                         response = method(arg)
+                    except BaseException as exc:
+                        body.exit(exc)
+                        raise
                     finally:
                         body.state, caller = swap(caller), None
                 else:
@@ -143,8 +155,8 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
 
     @functools.wraps(func)
     async def async_generator_context(*args, **kwargs):
-        body = _Body(ctx_factory, carried)
         agen = func(*args, **kwargs)
+        body = _Body(ctx_factory, carried, agen)
         del args, kwargs
         # Keep *agen* from the event loop, which would close it in its own
         # state at shutdown: the loop closes this wrapper, which closes agen.
