@@ -8,7 +8,7 @@ Usage::
 DIR becomes a git repository holding, at their upstream paths:
 
 * from the installed torch 2.13.0 wheel (found with the overlay off): every
-  file of the wheel the patch touches -- the two modules, Dynamo's trace rules, ``convert_frame.py`` and
+  file of the wheel the patch touches -- the modules it changes, Dynamo's trace rules, ``convert_frame.py`` and
   ``bytecode_transformation.py``,
   ``torch/version.py`` -- and ``torch/_C/__init__.pyi`` as
   ``torch/_C/__init__.pyi.in`` (the wheel's stub is generated from that file,
@@ -36,6 +36,9 @@ WHEEL_FILES = {
     "torch/_dynamo/trace_rules.py": "_dynamo/trace_rules.py",
     "torch/_dynamo/convert_frame.py": "_dynamo/convert_frame.py",
     "torch/_dynamo/bytecode_transformation.py": "_dynamo/bytecode_transformation.py",
+    "torch/amp/autocast_mode.py": "amp/autocast_mode.py",
+    "torch/cpu/amp/autocast_mode.py": "cpu/amp/autocast_mode.py",
+    "torch/cuda/amp/autocast_mode.py": "cuda/amp/autocast_mode.py",
     "torch/version.py": "version.py",
     "torch/_C/__init__.pyi.in": "_C/__init__.pyi",
 }

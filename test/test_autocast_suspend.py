@@ -1,0 +1,231 @@
+# Owner(s): ["module: amp"]
+"""``@torch.autocast`` on generator, coroutine and async generator functions."""
+
+import asyncio
+import inspect
+import warnings
+
+import torch
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+
+DEVICES = ("cpu", "cuda", "mtia", "maia", "xpu", "ipu", "hpu", "xla", "mps")
+
+
+def autocast_state():
+    """The whole autocast state of the thread, as Python can read it."""
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    per_device = tuple(
+        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in DEVICES
+    )
+    return per_device, torch.is_autocast_cache_enabled(), nesting
+
+
+def bf16(func):
+    return torch.autocast("cpu", dtype=torch.bfloat16)(func)
+
+
+class TestAutocastSuspend(TestCase):
+    def setUp(self):
+        super().setUp()
+        self.lin = torch.nn.Linear(4, 4)
+        self.x = torch.randn(2, 4)
+        self.outside = autocast_state()
+
+    def tearDown(self):
+        self.assertEqual(autocast_state(), self.outside)
+        super().tearDown()
+
+    def dtype(self):
+        return self.lin(self.x).dtype
+
+    def test_generator_steps_run_in_autocast(self):
+        @bf16
+        def stream(n):
+            for _ in range(n):
+                yield self.dtype()
+
+        seen = []
+        for dtype in stream(3):
+            seen.append(dtype)
+            self.assertEqual(autocast_state(), self.outside)
+            self.assertEqual(self.dtype(), torch.float32)
+        self.assertEqual(seen, [torch.bfloat16] * 3)
+
+    def test_coroutine_runs_in_autocast_and_other_tasks_do_not(self):
+        seen = []
+
+        @bf16
+        async def predict():
+            seen.append(self.dtype())
+            await asyncio.sleep(0)
+            seen.append(self.dtype())
+            return self.dtype()
+
+        async def other():
+            for _ in range(3):
+                seen.append(("other", autocast_state() == self.outside))
+                await asyncio.sleep(0)
+
+        async def main():
+            return await asyncio.gather(predict(), other())
+
+        result, _ = asyncio.run(main())
+        self.assertEqual(result, torch.bfloat16)
+        self.assertEqual(seen.count(torch.bfloat16), 2)
+        self.assertEqual([s for s in seen if isinstance(s, tuple)], [("other", True)] * 3)
+
+    def test_async_generator_steps_run_in_autocast(self):
+        @bf16
+        async def stream(n):
+            for _ in range(n):
+                await asyncio.sleep(0)
+                yield self.dtype()
+
+        async def main():
+            seen = []
+            async for dtype in stream(3):
+                self.assertEqual(autocast_state(), self.outside)
+                seen.append(dtype)
+            return seen
+
+        self.assertEqual(asyncio.run(main()), [torch.bfloat16] * 3)
+
+    def test_own_block_across_yield_is_kept(self):
+        @bf16
+        def stream():
+            with torch.autocast("cpu", enabled=False):
+                yield self.dtype()
+                yield self.dtype()
+            yield self.dtype()
+
+        self.assertEqual(list(stream()), [torch.float32, torch.float32, torch.bfloat16])
+
+    def test_caller_block_is_its_own_after_each_step(self):
+        @bf16
+        def stream(n):
+            for _ in range(n):
+                yield self.dtype()
+
+        with torch.autocast("cpu", dtype=torch.float16):
+            inside = autocast_state()
+            for dtype in stream(2):
+                self.assertEqual(dtype, torch.bfloat16)
+                self.assertEqual(autocast_state(), inside)
+                # No cast cached by the body reaches the caller.
+                self.assertEqual(self.dtype(), torch.float16)
+
+    def test_interleaved_dtypes_compute_in_their_own(self):
+        def stream(n):
+            for _ in range(n):
+                yield self.dtype()
+
+        half = torch.autocast("cpu", dtype=torch.float16)(stream)(3)
+        brain = bf16(stream)(3)
+        pairs = [(next(half), next(brain)) for _ in range(3)]
+        self.assertEqual(pairs, [(torch.float16, torch.bfloat16)] * 3)
+
+    def test_recursive_call_leaves_caller_as_it_was(self):
+        @bf16
+        def depth(n):
+            return depth(n - 1) if n else self.dtype()
+
+        self.assertEqual(depth(2), torch.bfloat16)
+        self.assertEqual(autocast_state(), self.outside)
+
+    def test_grad_mode_is_not_autocasts(self):
+        def body():
+            torch.set_grad_enabled(False)
+            yield
+            yield torch.is_grad_enabled()
+
+        plain, decorated = body(), bf16(body)()
+        try:
+            for gen in (plain, decorated):
+                next(gen)
+                self.assertFalse(torch.is_grad_enabled())
+                torch.set_grad_enabled(True)
+                self.assertTrue(next(gen))
+        finally:
+            torch.set_grad_enabled(True)
+
+    def test_stacked_with_grad_mode(self):
+        def body():
+            yield torch.is_grad_enabled(), self.dtype()
+
+        for stacked in (torch.no_grad()(bf16(body)), bf16(torch.no_grad()(body))):
+            self.assertEqual(list(stacked()), [(False, torch.bfloat16)])
+            self.assertTrue(torch.is_grad_enabled())
+
+    def test_device_specific_spelling(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            ctx = torch.cpu.amp.autocast(dtype=torch.bfloat16)
+
+        @ctx
+        def stream():
+            yield self.dtype()
+            with torch.autocast("cpu", enabled=False):
+                yield self.dtype()
+
+        self.assertEqual(list(stream()), [torch.bfloat16, torch.float32])
+
+    def test_subclass_is_entered_fresh_at_each_step(self):
+        entered = []
+
+        class Counting(torch.autocast):
+            def __enter__(self):
+                entered.append(self)
+                return super().__enter__()
+
+        @Counting("cpu", dtype=torch.bfloat16)
+        def stream():
+            yield self.dtype()
+            yield self.dtype()
+
+        self.assertEqual(list(stream()), [torch.bfloat16] * 2)
+        self.assertEqual(len(entered), 3)  # the third step ends the body
+
+    def test_close_and_exceptions_are_the_bodys(self):
+        closed = []
+
+        @bf16
+        def stream():
+            try:
+                yield 1
+                yield 2
+            except ValueError as e:
+                yield ("caught", torch.is_autocast_enabled("cpu"), str(e))
+            finally:
+                closed.append(torch.is_autocast_enabled("cpu"))
+
+        gen = stream()
+        self.assertEqual(next(gen), 1)
+        self.assertEqual(gen.throw(ValueError("x")), ("caught", True, "x"))
+        gen.close()
+        self.assertEqual(closed, [True])
+
+    def test_function_kinds_and_metadata(self):
+        def gen():
+            yield
+
+        async def coro():
+            pass
+
+        async def agen():
+            yield
+
+        for func, check in (
+            (gen, inspect.isgeneratorfunction),
+            (coro, inspect.iscoroutinefunction),
+            (agen, inspect.isasyncgenfunction),
+        ):
+            wrapped = bf16(func)
+            self.assertTrue(check(wrapped))
+            self.assertEqual(wrapped.__wrapped__, func)
+            self.assertEqual(wrapped.__name__, func.__name__)
+
+
+if __name__ == "__main__":
+    run_tests()
