@@ -266,7 +266,7 @@ class TestSquash(ExportTestCase):
                 self.assertEqual(removed, "0", f"{path} is new: nothing of upstream's to remove")
             elif path in ADD_ONLY:
                 self.assertEqual(removed, "0", path)
-                self.assertLessEqual(int(added), 8, path)
+                self.assertLessEqual(int(added), 8 * len(edits.BINDINGS), path)  # a few lines a binding
             elif path not in SPLICED:  # an anchored change of upstream's code: a few lines
                 self.assertLessEqual(int(removed), 8, path)
                 self.assertLessEqual(int(added), 8, path)
@@ -281,38 +281,45 @@ class TestSquash(ExportTestCase):
             self.assertEqual(imports.count("autograd." + os.path.splitext(os.path.basename(path))[0]), 1, imports)
         self.assertEqual(imports, sorted(imports))
         module_cpp = read("torch/csrc/Module.cpp", self.tree)
-        self.assertIn("#include <torch/csrc/autograd/python_autograd_mode_state.h>\n"
+        self.assertIn("#include <torch/csrc/autograd/python_autocast_state.h>\n"
+                      "#include <torch/csrc/autograd/python_autograd_mode_state.h>\n"
                       "#include <torch/csrc/autograd/python_cpp_function.h>\n", module_cpp)
+        # Each step puts its init right after the legacy variable's: the later step's first.
         self.assertIn("  torch::autograd::init_legacy_variable(module);\n"
+                      "  torch::autograd::init_autocast_state(module);\n"
                       "  torch::autograd::init_autograd_mode_state(module);\n", module_cpp)
         bzl = read("build_variables.bzl", self.tree)
         core = bzl.split("libtorch_python_distributed_sources")[0]
         self.assertIn('    "torch/csrc/autograd/python_anomaly_mode.cpp",\n'
+                      '    "torch/csrc/autograd/python_autocast_state.cpp",\n'
                       '    "torch/csrc/autograd/python_autograd_mode_state.cpp",\n'
                       '    "torch/csrc/autograd/python_cpp_function.cpp",\n', core)
-        self.assertEqual(bzl.count("python_autograd_mode_state"), 1)
         stubs = read("torch/_C/__init__.pyi.in", self.tree)
-        for name in ("_get_autograd_mode_state", "_swap_autograd_mode_state", "_AutogradModeState"):
-            self.assertIn(name, stubs)
-        self.assertIn("# Defined in torch/csrc/autograd/python_autograd_mode_state.cpp\n", stubs)
-        self.assertLess(stubs.index("_swap_autograd_mode_state"), stubs.index("def _set_grad_enabled"))
+        for binding in edits.BINDINGS:
+            self.assertEqual(bzl.count(binding.source), 1)
+            for name in binding.names:
+                self.assertIn(name.rsplit(".", 1)[1], stubs)
+                self.assertLess(stubs.index(name.rsplit(".", 1)[1]), stubs.index("def _set_grad_enabled"))
+            self.assertIn(f"# Defined in {binding.source}\n", stubs)
+        self.assertIn("_AutogradModeState", stubs)
+        self.assertIn("_AutocastState", stubs)
         # Graph breaks, among the torch._C skips inside manual_torch_name_rule_map of the wheel's rules.
         before = wheel_text("torch/_dynamo/trace_rules.py")
         rules = read("torch/_dynamo/trace_rules.py", self.tree)
         compile(rules, "trace_rules.py", "exec")
         manual = rules[rules.index("manual_torch_name_rule_map: "):]
         manual = manual[:manual.index("\n}")]
-        for name in edits.BINDING_NAMES:
+        names = [name for binding in edits.BINDINGS for name in binding.names]
+        lines = manual.splitlines()
+        skip = re.compile(r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$')
+        for name in names:
             self.assertEqual(rules.count(f'"{name}"'), 1)
             self.assertIn(f'    "{name}": SkipFunctionVariable,\n', manual)
-        lines = manual.splitlines()
-        ours = [i for i, line in enumerate(lines) if "autograd_mode_state" in line]
-        self.assertEqual(ours, list(range(ours[0], ours[0] + len(edits.BINDING_NAMES))))
-        skip = re.compile(r'\s+"torch\._C\.[\w.]+": SkipFunctionVariable,$')
-        self.assertTrue(skip.match(lines[ours[0] - 1]) or skip.match(lines[ours[-1] + 1]),
-                        lines[ours[0] - 2 : ours[-1] + 3])
-        self.assertEqual(rules.replace("".join(f'    "{n}": SkipFunctionVariable,\n' for n in edits.BINDING_NAMES), ""),
-                         before)
+            at = lines.index(f'    "{name}": SkipFunctionVariable,')
+            self.assertTrue(skip.match(lines[at - 1]) or skip.match(lines[at + 1]), lines[at - 2 : at + 3])
+        for name in names:
+            rules = rules.replace(f'    "{name}": SkipFunctionVariable,\n', "")
+        self.assertEqual(rules, before)
         notes = read(NOTES, self.tree)
         # After the last grad mode's subsection, before the next heading, blank lines around it.
         self.assertIn("version of no-grad mode.\n\n" + read(SECTION) + "\n### Evaluation Mode", notes)
@@ -565,9 +572,11 @@ class TestTraceRulesEdit(TestCase):
         '    "torch._C._aaa": SkipFunctionVariable,\n'
         "}\n"
     )
+    # The context of the step that adds the autograd mode state binding.
+    STEP = {"step_new": [edits.BINDINGS[0].source]}
 
     def test_in_the_first_run_of_torch_C_skips_of_the_manual_map(self):
-        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", {})
+        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", self.STEP)
         self.assertIn('"torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
                       '    "torch._C._get_autograd_mode_state": SkipFunctionVariable,\n'
                       '    "torch._C._swap_autograd_mode_state": SkipFunctionVariable,\n'
@@ -579,16 +588,16 @@ class TestTraceRulesEdit(TestCase):
             '    "torch._C.set_anomaly_enabled": SkipFunctionVariable,\n', "")
         with self.assertRaisesRegex(splice.SpliceError,
                                     "torch/_dynamo/trace_rules.py: no line matching.*manual_torch_name_rule_map"):
-            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", {})
+            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", self.STEP)
         with self.assertRaisesRegex(splice.SpliceError,
                                     "torch/_dynamo/trace_rules.py: no 'manual_torch_name_rule_map:'"):
             edits.wire_trace_rules(self.RULES.replace("manual_torch_name_rule_map", "other_map"),
-                                   "torch/_dynamo/trace_rules.py", {})
+                                   "torch/_dynamo/trace_rules.py", self.STEP)
 
     def test_rules_that_have_the_names_already(self):
-        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", {})
+        rules = edits.wire_trace_rules(self.RULES, "torch/_dynamo/trace_rules.py", self.STEP)
         with self.assertRaisesRegex(splice.SpliceError, "DIR carries"):
-            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", {})
+            edits.wire_trace_rules(rules, "torch/_dynamo/trace_rules.py", self.STEP)
 
 
 class TestExportSection(ExportTestCase):

@@ -74,7 +74,9 @@ class TestAutocastSuspend(TestCase):
         result, _ = asyncio.run(main())
         self.assertEqual(result, torch.bfloat16)
         self.assertEqual(seen.count(torch.bfloat16), 2)
-        self.assertEqual([s for s in seen if isinstance(s, tuple)], [("other", True)] * 3)
+        self.assertEqual(
+            [s for s in seen if isinstance(s, tuple)], [("other", True)] * 3
+        )
 
     def test_async_generator_steps_run_in_autocast(self):
         @bf16

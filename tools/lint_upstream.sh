@@ -21,9 +21,9 @@
 #
 # mypy and pyrefly check a link tree of the installed torch wheel
 # (build/lint-upstream/tree) with the checkout's modules in place of the
-# wheel's, and torch/_C/__init__.pyi extended by
-# lint/upstream/autograd_mode_state.pyi: the declarations the pull request adds
-# to upstream's torch/_C/__init__.pyi.in for the binding's names.
+# wheel's, and torch/_C/__init__.pyi extended by lint/upstream/*_state.pyi:
+# the declarations the pull request adds to upstream's torch/_C/__init__.pyi.in
+# for the bindings' names.
 #
 # clang-tidy reads build/lint-upstream/compile_commands.json, written here as
 # setup.py builds the binding: -std=c++20, the checkout's root, the installed
@@ -208,13 +208,13 @@ if [ ${#torch_files[@]} -gt 0 ]; then
             owned+=("${f#torch/}=$BUILT/$f")
         fi
     done
-    TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG/autograd_mode_state.pyi" "${owned[@]}" <<'EOF'
+    TORCH_GRADMODE_OVERLAY=0 "$PY" - "$TREE" "$CFG" "${owned[@]}" <<'EOF'
 import importlib.util
 import os
 import shutil
 import sys
 
-tree, stub_extra, *owned = sys.argv[1:]
+tree, cfg, *owned = sys.argv[1:]
 wheel = os.path.dirname(importlib.util.find_spec("torch").origin)
 stub = "_C/__init__.pyi"
 # Paths under torch/ that the tree replaces; their parents become real dirs.
@@ -239,8 +239,10 @@ for rel, target in replaced.items():
         os.symlink(target, os.path.join(tree, "torch", rel))
 with open(os.path.join(wheel, stub)) as f:
     text = f.read()
-with open(stub_extra) as f:
-    text += "\n" + f.read()
+for extra in sorted(os.listdir(cfg)):
+    if extra.endswith("_state.pyi"):
+        with open(os.path.join(cfg, extra)) as f:
+            text += "\n" + f.read()
 with open(os.path.join(tree, "torch", stub), "w") as f:
     f.write(text)
 EOF

@@ -30,8 +30,10 @@ class _Body:
 
     def exit(self, exc):
         """Exit the context, in the body's state, if *exc* ended the body."""
-        if self.ctx is None or type(exc) is StopIteration and getattr(self.agen, "ag_frame", None):
-            return  # not entered, or a step of an async generator, which yielded
+        if self.ctx is None:
+            return  # not entered
+        if type(exc) is StopIteration and getattr(self.agen, "ag_frame", None):
+            return  # a step of an async generator, which yielded
         if isinstance(exc, (StopIteration, StopAsyncIteration)):
             self.ctx.__exit__(None, None, None)
         else:

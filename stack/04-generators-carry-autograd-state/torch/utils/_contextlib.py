@@ -1,6 +1,31 @@
 # Step 04's versions of definitions later steps change (see stack/README.md).
 
 
+class _Body:
+    """The context of one suspendable body, and the state it carries between steps."""
+
+    ctx: Any = None
+    state: Any = None
+
+    def __init__(self, ctx_factory, carried):
+        self.ctx_factory, self.carried = ctx_factory, carried
+
+    def enter(self):
+        """Enter the context: the body starts."""
+        ctx = self.ctx_factory()
+        ctx.__enter__()
+        self.ctx = ctx
+
+    def exit(self, exc):
+        """Exit the context, in the body's state, if *exc* ended the body."""
+        if self.ctx is None:
+            return  # not entered
+        if isinstance(exc, StopIteration):
+            self.ctx.__exit__(None, None, None)
+        else:
+            self.ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+
 def context_decorator(ctx, func, *, carried=None):
     """.. versionchanged:: 2.14
         With *carried*, a ``(capture, swap)`` pair of functions for the
