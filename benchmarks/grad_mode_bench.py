@@ -1,14 +1,16 @@
 """Overhead of the grad-mode decorators, against the hand-written limit and stock torch 2.13.0.
 
 For each decorator (``no_grad()``, ``enable_grad()``, ``set_grad_enabled(False)``,
-``inference_mode()``) and each use -- a decorated call, a ``with`` block, a
+``inference_mode()``, ``autocast("cpu", dtype=torch.bfloat16)``) and each use -- a decorated call, a ``with`` block, a
 generator step, a coroutine step, an async-generator step -- it measures, in
 nanoseconds per operation:
 
 (a) ``bare``: the operation with no mode switching at all;
 (b) ``limit``: the least any correct wrapper must do, written inline in the same
     process -- read the grad mode, set it with ``torch._C._set_grad_enabled``,
-    run, restore (for ``inference_mode``: a ``torch._C._InferenceMode`` guard);
+    run, restore (for ``inference_mode``: a ``torch._C._InferenceMode`` guard;
+    for ``autocast("cpu", dtype=torch.bfloat16)``: read the CPU autocast flag and
+    dtype, set them, step the nesting count, run, restore);
 (c) ``patched``: this checkout's decorator;
 (d) ``stock``: stock torch 2.13.0's decorator (``TORCH_GRADMODE_OVERLAY=0``).
 
@@ -38,10 +40,12 @@ import timeit
 import tracemalloc
 import types
 
-DECORATORS = ["no_grad()", "enable_grad()", "set_grad_enabled(False)", "inference_mode()"]
+AUTOCAST = "autocast(cpu, bfloat16)"
+DECORATORS = ["no_grad()", "enable_grad()", "set_grad_enabled(False)", "inference_mode()", AUTOCAST]
 USES = ["call", "with", "generator step", "coroutine step", "async-generator step"]
 # Uses where torch 2.13.0's decorator leaves the body's mode alone: no stock ratio is printed.
-STOCK_SKIPS = ("coroutine step", "async-generator step")
+STOCK_SKIPS = {(name, use) for name in DECORATORS for use in ("coroutine step", "async-generator step")}
+STOCK_SKIPS.add((AUTOCAST, "generator step"))
 
 
 # ---------------------------------------------------------------------------
@@ -176,6 +180,7 @@ def _context(torch, name):
         "enable_grad()": (torch.enable_grad, ()),
         "set_grad_enabled(False)": (torch.set_grad_enabled, (False,)),
         "inference_mode()": (torch.inference_mode, ()),
+        AUTOCAST: (torch.autocast, ("cpu", torch.bfloat16)),
     }[name]
 
 
@@ -187,6 +192,32 @@ def _decorator(torch, name):
 def _best(fn, number, repeat):
     """Best per-call time of ``fn()`` in ns (the minimum is the least noisy estimate)."""
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e9
+
+
+def _autocast_limit(torch):
+    """The limit for autocast: read the CPU autocast state, set it, run, restore."""
+    is_on, get_dtype, set_on, set_dtype = (torch.is_autocast_enabled, torch.get_autocast_dtype,
+                                           torch.set_autocast_enabled, torch.set_autocast_dtype)
+    up, down, clear, bf16 = (torch.autocast_increment_nesting, torch.autocast_decrement_nesting,
+                             torch.clear_autocast_cache, torch.bfloat16)
+
+    def around_step(send, value=None):
+        prev, prev_dtype = is_on("cpu"), get_dtype("cpu")
+        set_on("cpu", True)
+        set_dtype("cpu", bf16)
+        up()
+        try:
+            return send(value)
+        finally:
+            if down() == 0:
+                clear()
+            set_on("cpu", prev)
+            set_dtype("cpu", prev_dtype)
+
+    def limit_around(op):
+        return lambda: around_step(lambda _: op())
+
+    return limit_around, around_step
 
 
 def _measure_decorator(torch, name, number, repeat):
@@ -212,6 +243,8 @@ def _measure_decorator(torch, name, number, repeat):
                 sg(prev)
         return run
 
+    if name == AUTOCAST:
+        limit_around, autocast_step = _autocast_limit(torch)
     out = {}
 
     # A decorated call.
@@ -221,12 +254,16 @@ def _measure_decorator(torch, name, number, repeat):
     # The same call through a with block per call (a fresh context each time):
     # what the grad modes' plain-call fast path (_wrap_call) must beat by 15%.
     from torch.utils._contextlib import context_decorator
-    with_per_call = context_decorator(make().clone, _noop)
+    with_per_call = context_decorator(make().clone if name != AUTOCAST else make, _noop)
 
     # A with block, written out as user code writes it (no factory call or
     # argument unpacking in between, as for the floor below).
     cls, args = _context(torch, name)
-    if args:
+    if len(args) > 1:
+        def with_block():
+            with cls(*args):
+                _noop()
+    elif args:
         (arg,) = args
 
         def with_block():
@@ -278,6 +315,8 @@ def _measure_decorator(torch, name, number, repeat):
         finally:
             sg(prev)
 
+    if name == AUTOCAST:
+        around_step = autocast_step
     dec_coro = make()(_coro)
     steps = k + 1
     out["coroutine step"] = (
@@ -440,14 +479,14 @@ def main(argv=None):
             ratio_stock = (stock - bare) / lim_over
             speed_up = (stock - bare) / max(ours - bare, 1e-9)
             table[(name, use)] = (bare, limit, ours, stock, ratio_ours, ratio_stock, speed_up)
-            if use in STOCK_SKIPS:
+            if (name, use) in STOCK_SKIPS:
                 stock_cols = f" {'n/a*':>9} {'n/a*':>9}"
             else:
                 stock_cols = f" {ratio_stock:8.2f}x {speed_up:8.2f}x"
             print(f"{name:25} {use:21} {bare:7.0f} {limit:7.0f} {ours:8.0f} {stock:8.0f}"
                   f" {ratio_ours:8.2f}x" + stock_cols)
-    print("* stock's decorator does not set the mode in a coroutine or async-generator body (the bug this\n"
-          "  patch fixes), so its time there is the bare body's and no ratio is comparable.")
+    print("* stock's decorator does not set the mode in a coroutine or async-generator body, nor autocast in a\n"
+          "  generator's (the bugs this patch fixes), so its time there is the bare body's: no ratio compares.")
     print("\nfloors, as overhead ratios against the same limit (what no implementation in Python can beat):")
     print(f"{'decorator':25} {'use':21} {'floor':>8} {'ratio':>9}  floor is")
     floor_kinds = {"with": ("with", "a minimal Python context-manager class made per block"),
@@ -458,7 +497,7 @@ def main(argv=None):
                    "async-generator step, contract swaps": (
                        "async-generator step", "the same relay, swapping the body's mode state in and out "
                                                "and checking Dynamo, as the contract needs")}
-    for name in DECORATORS:
+    for name in DECORATORS[:-1]:  # the grad modes': the floors are written with their calls
         for floor_name, (use, what) in floor_kinds.items():
             bare, limit = table[(name, use)][:2]
             floor = med([r["times"][name]["floors"][floor_name] for r in runs["patched"]])

@@ -3,10 +3,12 @@
 Everything here runs on one thread, in one asyncio event loop, and the tasks
 interleave at every ``await``:
 
-* ``POST /predict`` is an ``@torch.inference_mode()`` ``async def`` endpoint.
-  It awaits between its computing steps, and reports, for every step, whether
-  inference mode was enabled and whether the tensor it computed is an
-  inference tensor.
+* ``POST /predict`` is an ``async def`` endpoint decorated with
+  ``@torch.autocast("cpu", dtype=torch.bfloat16)`` and
+  ``@torch.inference_mode()``.  It awaits between its computing steps, and
+  reports, for every step, whether inference mode and autocast were enabled,
+  whether the tensor it computed is an inference tensor, and its dtype.  A
+  request whose numbers are not four finite floats gets 422 with the reason.
 * ``GET /stream?n=N`` is a ``StreamingResponse`` backed by an
   ``@torch.inference_mode()`` async generator that yields ``N`` JSON lines,
   each computed after an ``await``.
@@ -14,8 +16,8 @@ interleave at every ``await``:
   with autograd.  Each iteration's forward pass runs in a
   ``with torch.enable_grad():`` block that spans an ``await``, so the other
   tasks run in the middle of it.  The task records any point at which grad
-  mode was off or inference mode was on, and checks each gradient against its
-  analytic value.  ``GET /training`` reports the counts.
+  mode was off, inference mode or autocast on, and checks each gradient
+  against its analytic value.  ``GET /training`` reports the counts.
 
 Grad mode and inference mode are thread-local state, not frame state.  With
 this patch the decorators switch the mode in for each step of the decorated
@@ -44,6 +46,7 @@ import contextlib
 import inspect
 import json
 import os
+from typing import Annotated
 
 import torch
 import torch.utils._contextlib
@@ -81,10 +84,11 @@ def stream_input(i):
 
 
 def mode_state():
-    """Return the calling thread's grad mode and inference mode, as a dict."""
+    """Return the calling thread's grad mode, inference mode and CPU autocast flag, as a dict."""
     return {
         "grad_enabled": torch.is_grad_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
+        "autocast": torch.is_autocast_enabled("cpu"),
     }
 
 
@@ -108,9 +112,13 @@ def in_flight():
 
 
 class PredictRequest(BaseModel):
-    """The body of ``POST /predict``: one input vector of four numbers."""
+    """The body of ``POST /predict``: one input vector of four finite numbers.
 
-    x: list[float] = Field(min_length=IN_FEATURES, max_length=IN_FEATURES)
+    Non-finite ones (``1e400`` parses as infinity, ``NaN``) are refused with 422:
+    accepted, they made outputs the reply cannot encode (500).
+    """
+
+    x: list[Annotated[float, Field(allow_inf_nan=False)]] = Field(min_length=IN_FEATURES, max_length=IN_FEATURES)
 
 
 # ---------------------------------------------------------------------------
@@ -144,7 +152,7 @@ class Trainer:
 
     def _check_mode(self, where, problems):
         self.checks += 1
-        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or torch.is_autocast_enabled("cpu"):
             self.violations += 1
             problems.append(f"{where}: {mode_state()}")
 
@@ -233,26 +241,29 @@ app = FastAPI(title="grad-mode async server example", lifespan=lifespan)
 
 
 @app.post("/predict")
+@torch.autocast("cpu", dtype=torch.bfloat16)
 @torch.inference_mode()
 async def predict(request: PredictRequest):
-    """Run the model on ``request.x`` in inference mode, awaiting between the steps.
+    """Run the model on ``request.x`` in inference mode and bfloat16 autocast, awaiting between the steps.
 
     Returns the output values (the softmax of the linear layer's output) and,
-    for each step, the mode in force and whether the tensor computed in it is
-    an inference tensor.
+    for each step, the modes in force, whether the tensor computed in it is an
+    inference tensor, and its dtype.
     """
     steps = []
     with in_flight():
         x = torch.tensor(request.x, dtype=torch.float32)
-        steps.append({"step": "input", "is_inference": x.is_inference(), **mode_state()})
+        steps.append({"step": "input", "is_inference": x.is_inference(), "dtype": str(x.dtype), **mode_state()})
         await asyncio.sleep(0)
         hidden = MODEL(x)
-        steps.append({"step": "linear", "is_inference": hidden.is_inference(), **mode_state()})
+        steps.append({"step": "linear", "is_inference": hidden.is_inference(), "dtype": str(hidden.dtype),
+                      **mode_state()})
         await asyncio.sleep(0)
         output = torch.softmax(hidden, dim=-1)
-        steps.append({"step": "softmax", "is_inference": output.is_inference(), **mode_state()})
+        steps.append({"step": "softmax", "is_inference": output.is_inference(), "dtype": str(output.dtype),
+                      **mode_state()})
     return {
-        "output": output.tolist(),
+        "output": output.float().tolist(),
         "is_inference": output.is_inference(),
         "inference_mode_at_every_step": all(s["inference_mode"] for s in steps),
         "steps": steps,

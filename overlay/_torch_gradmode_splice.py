@@ -297,7 +297,8 @@ def _with_calls(piece, old, lines, path, qualname):
     ]
     for name, n, call in sorted(marked, key=lambda m: (m[2].lineno, m[2].col_offset), reverse=True):
         if n >= len(theirs.get(name, ())):
-            raise SpliceError(f"{path}: {qualname}: upstream's definition has no {n + 1}. {name!r} to copy")
+            what = f"assignment {n + 1} to {name[:-2]}" if isinstance(call, ast.Assign) else f"call {n + 1} of {name}"
+            raise SpliceError(f"{path}: {qualname}: upstream's definition has no {what} to copy")
         up = theirs[name][n]
         source = "".join(lines[up.lineno - 1 : up.end_lineno])
         source = source[up.col_offset : len(source) - len(lines[up.end_lineno - 1]) + up.end_col_offset]

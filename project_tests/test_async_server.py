@@ -231,8 +231,8 @@ class TestAsyncServer(TestCase):
                 f"predict is a coroutine function: {self.health['predict_is_coroutine_function']}")
 
     def expected_predict(self, i):
-        with torch.no_grad():
-            return torch.softmax(self.model(torch.tensor(predict_input(i))), dim=-1)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.softmax(self.model(torch.tensor(predict_input(i))), dim=-1).float()
 
     def expected_stream_line(self, i):
         with torch.no_grad():
@@ -248,10 +248,23 @@ class TestAsyncServer(TestCase):
             self.assertEqual([s["step"] for s in result["steps"]], ["input", "linear", "softmax"], msg=msg)
             for step in result["steps"]:
                 self.assertTrue(step["inference_mode"], msg)
+                self.assertTrue(step["autocast"], msg)
                 self.assertTrue(step["is_inference"], msg)
                 self.assertFalse(step["grad_enabled"], msg)
-            self.assertEqual(torch.tensor(result["output"]), self.expected_predict(i), atol=1e-6, rtol=1e-5,
-                             msg=msg)
+            self.assertEqual([s["dtype"] for s in result["steps"]],
+                             ["torch.float32", "torch.bfloat16", "torch.bfloat16"], msg=msg)
+            self.assertEqual(torch.tensor(result["output"]), self.expected_predict(i), atol=0, rtol=0, msg=msg)
+
+    def test_non_finite_input_is_a_client_error(self):
+        async def post(body):
+            async with httpx.AsyncClient(base_url=self.server.base_url, trust_env=False,
+                                         timeout=REQUEST_TIMEOUT) as client:
+                return await client.post("/predict", content=body, headers={"content-type": "application/json"})
+
+        for number in ("1e400", "-1e400", "NaN", "Infinity"):
+            response = asyncio.run(post(f'{{"x": [{number}, 1, 2, 3]}}'))
+            self.assertEqual(response.status_code, 422, f"{number}: {response.text}")
+            self.assertIn("finite number", response.text, number)
 
     def test_stream_under_concurrent_load(self):
         _, streams = asyncio.run(load(self.server.base_url, N_PREDICT, N_STREAM, STREAM_LINES))
@@ -263,6 +276,7 @@ class TestAsyncServer(TestCase):
                 self.assertEqual(line["i"], i, msg=msg)
                 self.assertTrue(line["is_inference"], msg)
                 self.assertTrue(line["inference_mode"], msg)
+                self.assertFalse(line["autocast"], msg)
                 self.assertFalse(line["grad_enabled"], msg)
                 self.assertEqual(torch.tensor(line["output"]), self.expected_stream_line(i), atol=1e-6, rtol=1e-5,
                                  msg=msg)

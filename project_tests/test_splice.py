@@ -687,6 +687,31 @@ class TestUpstreamCallsAndImports(SpliceTestCase):
                     raise TypeError(...)
                 ''', ["f"], upstream=self.UP)
 
+    def test_an_assignment_written_with_ellipsis_is_upstreams_whole(self):
+        up = textwrap.dedent('''\
+            def g():
+                def inner():
+                    pass
+
+                inner.note = (  # type: ignore[attr-defined]
+                    "upstream's note"
+                )
+                return inner
+            ''')
+        text = self.splice('''\
+            def g():
+                inner = object()
+                inner.note = ...
+                return inner
+            ''', ["g"], upstream=up)
+        self.assertIn('    inner.note = (  # type: ignore[attr-defined]\n        "upstream\'s note"\n    )\n', text)
+        self.assertNotIn("= ...", text)
+        with self.assertRaisesRegex(splice.SpliceError, "no assignment 1 to other.note"):
+            self.splice('''\
+                def g():
+                    other.note = ...
+                ''', ["g"], upstream=up)
+
     def test_an_import_whose_last_use_is_replaced_is_dropped(self):
         text = self.splice('''\
             def f(x):

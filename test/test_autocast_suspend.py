@@ -228,6 +228,38 @@ class TestAutocastSuspend(TestCase):
             self.assertEqual(wrapped.__wrapped__, func)
             self.assertEqual(wrapped.__name__, func.__name__)
 
+    def test_export_records_a_decorated_call(self):
+        lin = self.lin
+
+        class Model(torch.nn.Module):
+            @torch.autocast("cpu", dtype=torch.bfloat16)
+            def inner(self, x):
+                return lin(x)
+
+            def forward(self, x):
+                return self.inner(x) + 1
+
+        model = Model()
+        ep = torch.export.export(model, (self.x,), strict=False)
+        targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+        self.assertIn("wrap_with_autocast", targets)
+        self.assertEqual(ep.module()(self.x), model(self.x))
+
+    def test_compiled_call_is_eager_without_graph_break(self):
+        from torch._dynamo.testing import CompileCounter
+
+        @bf16
+        def inner(x):
+            return self.lin(x)
+
+        def outer(x):
+            return inner(x) + 1
+
+        counter = CompileCounter()
+        compiled = torch.compile(outer, backend=counter, fullgraph=True)
+        self.assertEqual(compiled(self.x), outer(self.x))
+        self.assertEqual(counter.frame_count, 1)
+
 
 if __name__ == "__main__":
     run_tests()

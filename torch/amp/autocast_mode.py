@@ -23,6 +23,40 @@ def _copy(autocast_instance):
     return ctx
 
 
+def _call_in_autocast(autocast_instance, func):
+    """Wrap *func* to run as in a ``with`` block of a copy of *autocast_instance*, at less cost."""
+    ctx = autocast_instance
+    device, dtype = ctx.device, ctx.fast_dtype
+    enabled, cache = ctx._enabled, ctx._cache_enabled
+
+    @functools.wraps(func)
+    def decorate_autocast(*args, **kwargs):
+        # Under Dynamo, and for torch.export's mode, which is told of each enter and exit.
+        if (
+            torch.compiler.is_dynamo_compiling()
+            or torch._C._is_torch_function_mode_enabled()
+        ):
+            with _copy(ctx):
+                return func(*args, **kwargs)
+        prev = torch.is_autocast_enabled(device)
+        prev_dtype = torch.get_autocast_dtype(device)
+        prev_cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+        torch.autocast_increment_nesting()
+        torch.set_autocast_cache_enabled(cache)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if torch.autocast_decrement_nesting() == 0:
+                torch.clear_autocast_cache()
+            torch.set_autocast_enabled(device, prev)
+            torch.set_autocast_dtype(device, prev_dtype)
+            torch.set_autocast_cache_enabled(prev_cache)
+
+    return decorate_autocast
+
+
 def autocast_decorator(autocast_instance, func):
     # Each call enters a copy of the instance, so that a recursive call no
     # longer leaves its caller in autocast; generator, coroutine and async
@@ -35,10 +69,12 @@ def autocast_decorator(autocast_instance, func):
     owner = next(
         vars(k) for k in type(autocast_instance).__mro__ if names & vars(k).keys()
     )
+    carried = owner.get("_carried_state")
     decorate_autocast = context_decorator(
         functools.partial(_copy, autocast_instance),
         func,
-        carried=owner.get("_carried_state"),
+        carried=carried,
+        wrap_call=carried and functools.partial(_call_in_autocast, autocast_instance),
     )
     decorate_autocast.__script_unsupported = ...
     return decorate_autocast

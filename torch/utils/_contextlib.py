@@ -6,6 +6,7 @@ import inspect
 import sys
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -20,7 +21,9 @@ class _Body:
     state: Any = None
 
     def __init__(self, ctx_factory, carried, agen=None):
-        self.ctx_factory, self.carried, self.agen = ctx_factory, carried, agen
+        self.ctx_factory, self.carried = ctx_factory, carried
+        # Weakly: the async generator's finalizer holds this body (_finalize).
+        self.agen = weakref.ref(agen) if agen is not None else None
 
     def enter(self):
         """Enter the context: the body starts."""
@@ -32,7 +35,7 @@ class _Body:
         """Exit the context, in the body's state, if *exc* ended the body."""
         if self.ctx is None:
             return  # not entered
-        if type(exc) is StopIteration and getattr(self.agen, "ag_frame", None):
+        if type(exc) is StopIteration and self.agen and getattr(self.agen(), "ag_frame", None):
             return  # a step of an async generator, which yielded
         if isinstance(exc, (StopIteration, StopAsyncIteration)):
             self.ctx.__exit__(None, None, None)
