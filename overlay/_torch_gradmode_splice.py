@@ -527,8 +527,10 @@ def _overlaid(final, own, where):
         unknown = set(piece.members) - set(final[name].members)
         if unknown:
             raise SpliceError(f"{where}: {name}.{', '.join(sorted(unknown))} not in the checkout's fragment")
+        # A class new to the module goes in whole, as this step writes it; an
+        # upstream one member by member.
         merged = Piece.__new__(Piece)
-        merged.__dict__.update(final[name].__dict__)
+        merged.__dict__.update(piece.__dict__)
         merged.members = {**final[name].members, **piece.members}
         pieces[name] = merged
     return pieces

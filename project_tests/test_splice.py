@@ -504,6 +504,18 @@ class TestBuild(SpliceTestCase):
         text = splice.build(root, splice.series(root), self.read({"pkg/mod.py": UPSTREAM}), edits={})["pkg/mod.py"]
         self.assertIn("'own'", source_of(text, "C", "b"))
 
+    def test_a_steps_own_version_of_a_new_class_goes_in_whole(self):
+        root = self.make_checkout(
+            [("s1", "define pkg/mod.py New\n"), ("s2", "define pkg/mod.py New\n")],
+            {"pkg/mod.py": "class New:\n    \"\"\"Final.\"\"\"\n\n    def b(self):\n        return 'final'\n",
+             "stack/s1/pkg/mod.py": "class New:\n    \"\"\"Own.\"\"\"\n\n    def b(self):\n        return 'own'\n"},
+        )
+        steps, read = splice.series(root), self.read({"pkg/mod.py": UPSTREAM})
+        first = splice.build(root, steps[:1], read, edits={})["pkg/mod.py"]
+        self.assertIn("'own'", source_of(first, "New", "b"))
+        self.assertNotIn("final", first.lower())
+        self.assertIn("'final'", source_of(splice.build(root, steps, read, edits={})["pkg/mod.py"], "New", "b"))
+
     def test_a_steps_own_version_must_be_in_the_fragment(self):
         root = self.make_checkout(
             [("s1", "define pkg/mod.py f\n")],

@@ -35,7 +35,8 @@ class _Body:
         """Exit the context, in the body's state, if *exc* ended the body."""
         if self.ctx is None:
             return  # not entered
-        if type(exc) is StopIteration and self.agen and getattr(self.agen(), "ag_frame", None):
+        agen = self.agen and self.agen()
+        if type(exc) is StopIteration and getattr(agen, "ag_frame", None):
             return  # a step of an async generator, which yielded
         if isinstance(exc, (StopIteration, StopAsyncIteration)):
             self.ctx.__exit__(None, None, None)
