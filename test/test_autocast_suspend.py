@@ -118,6 +118,25 @@ class TestAutocastSuspend(TestCase):
                 # No cast cached by the body reaches the caller.
                 self.assertEqual(self.dtype(), torch.float16)
 
+    def test_no_cast_crosses_a_bodys_start_or_end(self):
+        @bf16
+        def stream(n):
+            for _ in range(n):
+                yield self.dtype()
+
+        @bf16
+        async def predict():
+            return self.dtype()
+
+        with torch.autocast("cpu", dtype=torch.float16):
+            self.assertEqual(
+                self.dtype(), torch.float16
+            )  # cached before the first step
+            self.assertEqual(list(stream(2)), [torch.bfloat16] * 2)
+            self.assertEqual(self.dtype(), torch.float16)  # after the body's end
+            self.assertEqual(asyncio.run(predict()), torch.bfloat16)
+            self.assertEqual(self.dtype(), torch.float16)
+
     def test_interleaved_dtypes_compute_in_their_own(self):
         def stream(n):
             for _ in range(n):
@@ -244,6 +263,25 @@ class TestAutocastSuspend(TestCase):
         targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
         self.assertIn("wrap_with_autocast", targets)
         self.assertEqual(ep.module()(self.x), model(self.x))
+
+    def test_export_of_a_partly_stepped_generator(self):
+        lin = self.lin
+
+        @bf16
+        def stream(x):
+            yield lin(x)
+            yield lin(x)
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                it = stream(x)
+                first = next(it)
+                return first.float() + lin(x), lin(x).dtype == torch.float32
+
+        model = Model()
+        ep = torch.export.export(model, (self.x,), strict=False)
+        self.assertEqual(ep.module()(self.x)[0], model(self.x)[0])
+        self.assertTrue(model(self.x)[1])
 
     def test_compiled_call_is_eager_without_graph_break(self):
         from torch._dynamo.testing import CompileCounter

@@ -26,22 +26,41 @@ class _Body:
         self.agen = weakref.ref(agen) if agen is not None else None
 
     def enter(self):
-        """Enter the context: the body starts."""
+        """Enter the context in the caller's state, and take the body's state from it."""
+        capture, swap = self.carried
+        caller = capture()
         ctx = self.ctx_factory()
         ctx.__enter__()
-        self.ctx = ctx
+        self.ctx, self.state = ctx, swap(caller)
 
     def exit(self, exc):
-        """Exit the context, in the body's state, if *exc* ended the body."""
-        if self.ctx is None:
-            return  # not entered
+        """Exit the context in the body's state, if *exc* ended the body."""
         agen = self.agen and self.agen()
+        if self.ctx is None:
+            return  # never entered
         if type(exc) is StopIteration and getattr(agen, "ag_frame", None):
             return  # a step of an async generator, which yielded
-        if isinstance(exc, (StopIteration, StopAsyncIteration)):
-            self.ctx.__exit__(None, None, None)
-        else:
-            self.ctx.__exit__(type(exc), exc, exc.__traceback__)
+        ctx, self.ctx = self.ctx, None
+        caller = self.carried[1](self.state)
+        try:
+            if isinstance(exc, (StopIteration, StopAsyncIteration)):
+                ctx.__exit__(None, None, None)
+            else:
+                ctx.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            self.carried[1](caller)
+
+
+def _traced():
+    """Whether Dynamo or torch.export's tracing runs: both model a context entered at each step."""
+    if torch.compiler.is_dynamo_compiling():
+        return True
+    if not torch._C._is_torch_function_mode_enabled():
+        return False
+    from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+
+    modes = torch.overrides._get_current_function_mode_stack()
+    return any(isinstance(mode, PreDispatchTorchFunctionMode) for mode in modes)
 
 
 def _driver(start):
@@ -49,26 +68,24 @@ def _driver(start):
 
     ``start(*args, **kwargs)`` returns a :class:`_Body` and what it steps: a
     generator, a coroutine or an ``asend``/``athrow``/``aclose`` awaitable.
+    The context is entered at the body's first step and exited where it ends.
     """
 
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # an athrow awaitable's exception holds this frame
-        if torch.compiler.is_dynamo_compiling():
-            body.carried = None  # Dynamo models a context entered at each step
+        if body.ctx is None and body.carried and _traced():
+            body.carried = None
         swap = body.carried[1] if body.carried else None
         method, arg = it.send, None
         try:
             while True:
                 if swap:
-                    caller = swap(body.state) if body.ctx else body.carried[0]()
+                    if body.ctx is None:
+                        body.enter()
+                    caller = swap(body.state)
                     try:
-                        if body.ctx is None:
-                            body.enter()
                         response = method(arg)
-                    except BaseException as exc:
-                        body.exit(exc)
-                        raise
                     finally:
                         body.state, caller = swap(caller), None
                 else:
@@ -87,8 +104,10 @@ def _driver(start):
                 else:
                     method = it.send
         except StopIteration as stop:
+            body.exit(stop)
             return stop.value
-        except BaseException:
+        except BaseException as exc:
+            body.exit(exc)
             # Its traceback holds this frame: drop what holds it, or it is a cycle.
             it = method = arg = None
             raise

@@ -17,6 +17,7 @@
 #include <torch/csrc/Exceptions.h>
 
 #include <array>
+#include <type_traits>
 
 namespace torch::autograd {
 
@@ -65,6 +66,7 @@ struct AutocastState {
           _AUTOCAST_SUPPORTED_DEVICES[i], dtype[i]);
     }
     at::autocast::set_autocast_cache_enabled(cache_enabled);
+    // ATen has no setter for the count either: one step at a time.
     for (int n = now.nesting; n < nesting; ++n) {
       at::autocast::increment_nesting();
     }
@@ -82,6 +84,9 @@ struct THPAutocastState {
   PyObject_HEAD
   AutocastState state;
 };
+
+// The type frees its objects with the inherited deallocator.
+static_assert(std::is_trivially_destructible_v<AutocastState>);
 
 PyTypeObject THPAutocastStateType = {
     PyVarObject_HEAD_INIT(nullptr, 0)

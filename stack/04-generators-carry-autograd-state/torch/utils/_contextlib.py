@@ -11,19 +11,26 @@ class _Body:
         self.ctx_factory, self.carried = ctx_factory, carried
 
     def enter(self):
-        """Enter the context: the body starts."""
+        """Enter the context in the caller's state, and take the body's state from it."""
+        capture, swap = self.carried
+        caller = capture()
         ctx = self.ctx_factory()
         ctx.__enter__()
-        self.ctx = ctx
+        self.ctx, self.state = ctx, swap(caller)
 
     def exit(self, exc):
-        """Exit the context, in the body's state, if *exc* ended the body."""
+        """Exit the context in the body's state, if *exc* ended the body."""
         if self.ctx is None:
-            return  # not entered
-        if isinstance(exc, StopIteration):
-            self.ctx.__exit__(None, None, None)
-        else:
-            self.ctx.__exit__(type(exc), exc, exc.__traceback__)
+            return  # never entered
+        ctx, self.ctx = self.ctx, None
+        caller = self.carried[1](self.state)
+        try:
+            if isinstance(exc, StopIteration):
+                ctx.__exit__(None, None, None)
+            else:
+                ctx.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            self.carried[1](caller)
 
 
 def context_decorator(ctx, func, *, carried=None):
