@@ -137,6 +137,54 @@ class TestAutocastSuspend(TestCase):
             self.assertEqual(asyncio.run(predict()), torch.bfloat16)
             self.assertEqual(self.dtype(), torch.float16)
 
+    def test_no_cast_crosses_steps_whatever_the_states_between(self):
+        # Each body casts, then suspends in a disabled block: the states
+        # swapped at the step boundaries are alike, the casts made are not.
+        def body():
+            seen = [self.dtype()]
+            with torch.autocast("cpu", enabled=False):
+                yield
+            seen.append(self.dtype())
+            yield seen
+
+        half = torch.autocast("cpu", dtype=torch.float16)(body)()
+        brain = bf16(body)()
+        next(half), next(brain)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+        self.assertEqual(next(half), [torch.float16] * 2)
+        self.assertEqual(next(brain), [torch.bfloat16] * 2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.assertEqual(self.lin(self.x), self.lin.bias.expand(2, 4).bfloat16())
+
+    def test_a_class_is_decorated_as_the_function_that_makes_one(self):
+        @bf16
+        class Made:
+            def __init__(self):
+                self.enabled = torch.is_autocast_enabled("cpu")
+
+        self.assertTrue(Made().enabled)
+        self.assertEqual(Made.__name__, "Made")
+
+    def test_subclass_with_slots(self):
+        class Slotted(torch.autocast):
+            __slots__ = ("note",)
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.note = "kept"
+
+            def __enter__(self):
+                if self.note != "kept":  # AttributeError unless the slot was copied
+                    raise AssertionError(self.note)
+                return super().__enter__()
+
+        @Slotted("cpu", dtype=torch.bfloat16)
+        def call():
+            return self.dtype()
+
+        self.assertEqual(call(), torch.bfloat16)
+
     def test_interleaved_dtypes_compute_in_their_own(self):
         def stream(n):
             for _ in range(n):

@@ -1,6 +1,7 @@
 # A fragment of torch/amp/autocast_mode.py: the definitions the patch adds or
 # replaces there, and the imports they need (see overlay/_torch_gradmode_splice.py).
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +19,13 @@ def _copy(autocast_instance):
     """A copy of *autocast_instance* to enter, keeping what it replaces apart from the instance's."""
     if torch.compiler.is_dynamo_compiling():
         return autocast_instance  # Dynamo keeps no state on the instance
-    ctx = object.__new__(type(autocast_instance))
+    cls = type(autocast_instance)
+    ctx = object.__new__(cls)  # not cls.__new__: the deprecated spellings' warns
     ctx.__dict__.update(autocast_instance.__dict__)
+    slots = getattr(cls, "__slots__", ())
+    for name in (slots,) if isinstance(slots, str) else slots:
+        if hasattr(autocast_instance, name):
+            setattr(ctx, name, getattr(autocast_instance, name))
     return ctx
 
 
@@ -63,6 +69,10 @@ def autocast_decorator(autocast_instance, func):
     # generator bodies carry their autocast state from step to step.
     # Imported here: torch.utils imports torch.amp.
     from torch.utils._contextlib import context_decorator
+
+    if inspect.isclass(func):  # decorated as the function that makes one, as before
+        cls = func
+        func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
 
     # A subclass that overrides any of these may do more than autocast.
     names = {"__init__", "__enter__", "__exit__"}

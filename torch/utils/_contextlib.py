@@ -105,6 +105,8 @@ def _driver(start):
                     method = it.send
         except StopIteration as stop:
             body.exit(stop)
+            # An exception thrown in and caught by the body holds this frame.
+            it = method = arg = None
             return stop.value
         except BaseException as exc:
             body.exit(exc)

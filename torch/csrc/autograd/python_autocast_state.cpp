@@ -7,9 +7,9 @@
 // The state is, for every device type autocast supports, whether autocast is
 // enabled and its dtype, then the cache flag and the nesting count.  The cast
 // cache is not: it is one map for the process, keyed by the weight, whatever
-// the dtype of its cast.  So a swap between states that would cast to another
-// dtype clears it, and a body's casts never reach a caller or another body
-// that casts differently.
+// the dtype of its cast, and filled under whatever states a step went
+// through.  So every swap clears it: no cast crosses from a body to its
+// caller, or to another body, in either direction.
 
 #include <torch/csrc/autograd/python_autocast_state.h>
 
@@ -46,17 +46,6 @@ struct AutocastState {
     return state;
   }
 
-  // Whether a cast made in one state may be wrong in the other.
-  bool casts_like(const AutocastState& other) const {
-    for (size_t i = 0; i < enabled.size(); ++i) {
-      if (enabled[i] != other.enabled[i] ||
-          (enabled[i] && dtype[i] != other.dtype[i])) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   // Makes this the thread's state, replacing ``now``.
   void install(const AutocastState& now) const {
     for (size_t i = 0; i < enabled.size(); ++i) {
@@ -73,9 +62,7 @@ struct AutocastState {
     for (int n = now.nesting; n > nesting; --n) {
       at::autocast::decrement_nesting();
     }
-    if (!casts_like(now)) {
-      at::autocast::clear_cache();
-    }
+    at::autocast::clear_cache();
   }
 };
 
