@@ -194,6 +194,37 @@ def _best(fn, number, repeat):
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e9
 
 
+def _grad_limit(C, target, inference):
+    """The limit for a grad mode: read the mode, set it, run, restore (inference mode: a guard)."""
+    ge, sg = C.is_grad_enabled, C._set_grad_enabled
+
+    def around_step(send, value=None):
+        if inference:
+            with C._InferenceMode(True):
+                return send(value)
+        prev = ge()
+        sg(target)
+        try:
+            return send(value)
+        finally:
+            sg(prev)
+
+    def limit_around(op):
+        if inference:
+            def run():
+                with C._InferenceMode(True):
+                    op()
+        else:
+            def run():
+                prev = ge()
+                sg(target)
+                op()
+                sg(prev)
+        return run
+
+    return limit_around, around_step
+
+
 def _autocast_limit(torch):
     """The limit for autocast: read the CPU autocast state, set it, run, restore."""
     is_on, get_dtype, set_on, set_dtype = (torch.is_autocast_enabled, torch.get_autocast_dtype,
@@ -222,7 +253,6 @@ def _autocast_limit(torch):
 
 def _measure_decorator(torch, name, number, repeat):
     C = torch._C
-    ge, sg = C.is_grad_enabled, C._set_grad_enabled
     make = _decorator(torch, name)
     inference = name.startswith("inference")
     # The grad mode the decorator sets; enable_grad is measured from no_grad so
@@ -230,21 +260,10 @@ def _measure_decorator(torch, name, number, repeat):
     target = name == "enable_grad()"
     outer = C._set_grad_enabled(False) if target else None  # noqa: F841
 
-    def limit_around(op):
-        if inference:
-            def run():
-                with C._InferenceMode(True):
-                    op()
-        else:
-            def run():
-                prev = ge()
-                sg(target)
-                op()
-                sg(prev)
-        return run
-
     if name == AUTOCAST:
-        limit_around, autocast_step = _autocast_limit(torch)
+        limit_around, around_step = _autocast_limit(torch)
+    else:
+        limit_around, around_step = _grad_limit(C, target, inference)
     out = {}
 
     # A decorated call.
@@ -304,19 +323,6 @@ def _measure_decorator(torch, name, number, repeat):
         except StopIteration:
             pass
 
-    def around_step(send, value=None):
-        if inference:
-            with C._InferenceMode(True):
-                return send(value)
-        prev = ge()
-        sg(target)
-        try:
-            return send(value)
-        finally:
-            sg(prev)
-
-    if name == AUTOCAST:
-        around_step = autocast_step
     dec_coro = make()(_coro)
     steps = k + 1
     out["coroutine step"] = (

@@ -51,7 +51,8 @@ from typing import Annotated
 import torch
 import torch.utils._contextlib
 from fastapi import FastAPI, Query
-from fastapi.responses import StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 HOST = "127.0.0.1"
@@ -233,6 +234,17 @@ async def lifespan(app):
 
 
 app = FastAPI(title="grad-mode async server example", lifespan=lifespan)
+
+
+@app.exception_handler(RequestValidationError)
+async def invalid_request(request, exc):
+    """Answer 422 with where and why each input is wrong, without echoing it.
+
+    FastAPI's own answer echoes the input, and a non-finite number (which a
+    JSON body can carry as ``1e400`` or ``NaN``) cannot be encoded back: 500.
+    """
+    errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"detail": errors})
 
 
 # ---------------------------------------------------------------------------

@@ -149,7 +149,8 @@ class TestAutocastSuspend(TestCase):
 
         half = torch.autocast("cpu", dtype=torch.float16)(body)()
         brain = bf16(body)()
-        next(half), next(brain)
+        next(half)
+        next(brain)
         with torch.no_grad():
             self.lin.weight.zero_()
         self.assertEqual(next(half), [torch.float16] * 2)
