@@ -167,16 +167,34 @@ class TestAutocastSuspend(TestCase):
         self.assertTrue(Made().enabled)
         self.assertEqual(Made.__name__, "Made")
 
+    def test_subclass_that_only_sets_its_arguments_carries_state(self):
+        class BF16(torch.autocast):
+            def __init__(self):
+                super().__init__("cpu", dtype=torch.bfloat16)
+
+        @BF16()
+        def stream():
+            with torch.autocast("cpu", enabled=False):
+                yield self.dtype()
+                yield self.dtype()
+            yield self.dtype()
+
+        self.assertEqual(list(stream()), [torch.float32, torch.float32, torch.bfloat16])
+
     def test_subclass_with_slots(self):
-        class Slotted(torch.autocast):
+        class Base(torch.autocast):
+            __slots__ = ("base",)
+
+        class Slotted(Base):
             __slots__ = ("note",)
 
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
-                self.note = "kept"
+                self.note = self.base = "kept"
 
             def __enter__(self):
-                if self.note != "kept":  # AttributeError unless the slot was copied
+                # AttributeError unless the slots were copied.
+                if self.note != self.base:
                     raise AssertionError(self.note)
                 return super().__enter__()
 

@@ -22,10 +22,11 @@ def _copy(autocast_instance):
     cls = type(autocast_instance)
     ctx = object.__new__(cls)  # not cls.__new__: the deprecated spellings' warns
     ctx.__dict__.update(autocast_instance.__dict__)
-    slots = getattr(cls, "__slots__", ())
-    for name in (slots,) if isinstance(slots, str) else slots:
-        if hasattr(autocast_instance, name):
-            setattr(ctx, name, getattr(autocast_instance, name))
+    for k in cls.__mro__:
+        slots = vars(k).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if hasattr(autocast_instance, name):
+                setattr(ctx, name, getattr(autocast_instance, name))
     return ctx
 
 
@@ -74,8 +75,9 @@ def autocast_decorator(autocast_instance, func):
         cls = func
         func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
 
-    # A subclass that overrides any of these may do more than autocast.
-    names = {"__init__", "__enter__", "__exit__"}
+    # A subclass that overrides either may do more than autocast.  (Its
+    # __init__ does not count: copies are entered, never made anew.)
+    names = {"__enter__", "__exit__"}
     owner = next(
         vars(k) for k in type(autocast_instance).__mro__ if names & vars(k).keys()
     )

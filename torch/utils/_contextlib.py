@@ -267,7 +267,9 @@ def context_decorator(ctx, func, *, carried=None, wrap_call=None):
 
     if isinstance(func, (staticmethod, classmethod)):
         # Wrap the function inside, by its kind, and keep the method kind.
-        return type(func)(context_decorator(ctx, func.__func__, carried=carried))
+        return type(func)(
+            context_decorator(ctx, func.__func__, carried=carried, wrap_call=wrap_call)
+        )
     if not callable(func):
         raise TypeError(
             f"a context manager can only decorate a function or other callable, "
