@@ -10,6 +10,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 
 DEVICES = ("cpu", "cuda", "mtia", "maia", "xpu", "ipu", "hpu", "xla", "mps")
+DEVICES += (torch._C._get_privateuse1_backend_name(),)
 
 
 def autocast_state():

@@ -105,14 +105,13 @@ def _driver(start):
                     method = it.send
         except StopIteration as stop:
             body.exit(stop)
-            # An exception thrown in and caught by the body holds this frame.
-            it = method = arg = None
             return stop.value
         except BaseException as exc:
             body.exit(exc)
-            # Its traceback holds this frame: drop what holds it, or it is a cycle.
-            it = method = arg = None
             raise
+        finally:
+            # What was thrown in holds this frame in its traceback: a cycle.
+            it = method = arg = None
 
     return drive
 
