@@ -95,15 +95,22 @@ class TestAutocastSuspend(TestCase):
 
         self.assertEqual(asyncio.run(main()), [torch.bfloat16] * 3)
 
-    def test_own_block_across_yield_is_kept(self):
-        @bf16
+    def own_block(self, decorator):
+        """What a body that keeps its own disabled block across a yield computes in, at each step."""
+
+        @decorator
         def stream():
             with torch.autocast("cpu", enabled=False):
                 yield self.dtype()
                 yield self.dtype()
             yield self.dtype()
 
-        self.assertEqual(list(stream()), [torch.float32, torch.float32, torch.bfloat16])
+        return list(stream())
+
+    def test_own_block_across_yield_is_kept(self):
+        self.assertEqual(
+            self.own_block(bf16), [torch.float32, torch.float32, torch.bfloat16]
+        )
 
     def test_caller_block_is_its_own_after_each_step(self):
         @bf16
@@ -173,14 +180,9 @@ class TestAutocastSuspend(TestCase):
             def __init__(self):
                 super().__init__("cpu", dtype=torch.bfloat16)
 
-        @BF16()
-        def stream():
-            with torch.autocast("cpu", enabled=False):
-                yield self.dtype()
-                yield self.dtype()
-            yield self.dtype()
-
-        self.assertEqual(list(stream()), [torch.float32, torch.float32, torch.bfloat16])
+        self.assertEqual(
+            self.own_block(BF16()), [torch.float32, torch.float32, torch.bfloat16]
+        )
 
     def test_subclass_with_slots(self):
         class Base(torch.autocast):
