@@ -4,19 +4,16 @@
 class _Body:
     """The context of one suspendable body, and the state it carries between steps."""
 
-    ctx: Any = None
-    state: Any = None
-
     def __init__(self, ctx_factory, carried):
         self.ctx_factory, self.carried = ctx_factory, carried
+        self.ctx = self.state = None
 
     def enter(self):
         """Enter the context in the caller's state, and take the body's state from it."""
-        capture, swap = self.carried
-        caller = capture()
+        caller = self.carried[0]()
         ctx = self.ctx_factory()
         ctx.__enter__()
-        self.ctx, self.state = ctx, swap(caller)
+        self.ctx, self.state = ctx, self.carried[1](caller)
 
     def exit(self, exc):
         """Exit the context in the body's state, if *exc* ended the body."""
