@@ -2321,6 +2321,46 @@ class TestGradModeFaults(GradModeTestCase):
         ).format()
         self.assertIn("distinctive_gen", "".join(formatted))
 
+    def test_thrown_in_traceback_ends_in_the_body_as_undecorated(self):
+        # The wrapper's own frame, where the exception was thrown in, is not
+        # the last entry: the body's (or what it awaits) is, as undecorated
+        # (found by a user, 2026-12-01).
+        def last_frame(exc):
+            return list(traceback.walk_tb(exc.__traceback__))[-1][0].f_code.co_name
+
+        def gen():
+            yield 1
+
+        async def coro():
+            await suspend()
+
+        async def agen():
+            yield 1
+
+        def thrown(body, first, throw):
+            first(body)
+            try:
+                throw(body, CMError("thrown"))
+            except CMError as e:
+                return last_frame(e)
+            self.fail("nothing raised")
+
+        kinds = [
+            (gen, next, lambda b, e: b.throw(e)),
+            (coro, lambda b: b.send(None), lambda b, e: b.throw(e)),
+            (
+                agen,
+                lambda b: drive(b.__anext__()),
+                lambda b, e: drive(b.athrow(e)),
+            ),
+        ]
+        for body, first, throw in kinds:
+            with self.subTest(kind=body.__name__):
+                undecorated = thrown(body(), first, throw)
+                self.assertIn(undecorated, (body.__name__, "suspend"))
+                decorated = torch.no_grad()(body)
+                self.assertEqual(thrown(decorated(), first, throw), undecorated)
+
 
 # ---------------------------------------------------------------------------
 # Threads

@@ -16,7 +16,6 @@ class _Body:
     """The context of one suspendable body, and the state it carries between steps."""
 
     def __init__(self, ctx_factory, carried, agen=False):
-        # An async generator's step ends in StopIteration when it yields.
         self.ctx_factory, self.carried, self.agen = ctx_factory, carried, agen
         self.ctx = self.state = None
 
@@ -30,7 +29,7 @@ class _Body:
     def exit(self, exc):
         """Exit the context in the body's state, if *exc* ended the body."""
         if self.ctx is None or self.agen and type(exc) is StopIteration:
-            return  # never entered, or an async generator that yielded
+            return  # never entered, or an async generator's step that yielded
         ctx, self.ctx = self.ctx, None
         caller = self.carried[1](self.state)
         try:
@@ -82,9 +81,11 @@ def _driver(start):
                     # Hand the value over without keeping it: the caller may drop it.
                     arg = yield (response, response := None)[0]
                 except BaseException as exc:
-                    if type(exc) is GeneratorExit and getattr(it, "cr_frame", 0) is None:
+                    if type(exc) is GeneratorExit and not getattr(it, "cr_frame", 1):
                         raise  # a coroutine the collector finalised first
-                    # Thrown on the next pass, so what the body raises has no __context__.
+                    # Thrown on the next pass, so what the body raises has no
+                    # __context__; not from this frame, as undecorated.
+                    exc = exc.with_traceback(exc.__traceback__.tb_next)
                     method, arg = it.throw, exc
                 else:
                     method = it.send
@@ -149,8 +150,10 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
         # state: closing this wrapper (the loop does) closes agen in its own.
         hooks = sys.get_asyncgen_hooks()
         sys.set_asyncgen_hooks(None, lambda agen: None)
-        step = agen.asend(None)  # cannot fail: no firstiter hook to call
-        sys.set_asyncgen_hooks(*hooks)
+        try:
+            step = agen.asend(None)
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
         while True:
             try:
                 value = await _drive_step(body, step)
@@ -161,7 +164,7 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
             try:  # see _driver; the value sent is not kept either
                 step = agen.asend((yield (value, value := None)[0]))
             except BaseException as exc:
-                step = agen.athrow(exc)
+                step = agen.athrow(exc.with_traceback(exc.__traceback__.tb_next))
 
     return async_generator_context
 
@@ -199,12 +202,8 @@ def _call_in_inference_mode(ctx, func):
 
 
 def context_decorator(ctx, func, *, carried=None, wrap_call=None):
-    """.. versionchanged:: 2.14
-        Wraps coroutine and async generator functions too, entering the
-        context at each step; with *carried*, a ``(capture, swap)`` pair for
-        the thread state the context sets, their bodies carry that state from
-        step to step instead.  *wrap_call* wraps plain functions if given.
-    """
+    # *carried*: the (capture, swap) pair for the thread state the context sets, which
+    # suspendable bodies then carry from step to step; *wrap_call* wraps plain calls.
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(...)
 

@@ -31,12 +31,8 @@ class _Body:
 
 
 def context_decorator(ctx, func, *, carried=None):
-    """.. versionchanged:: 2.14
-        With *carried*, a ``(capture, swap)`` pair of functions for the
-        thread state the context sets, a generator's body carries that state
-        from step to step instead of entering the context at each, and its
-        caller gets its own back after each.
-    """
+    # *carried*: the (capture, swap) pair for the thread state the context sets, which
+    # generators then carry from step to step.
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(...)
 

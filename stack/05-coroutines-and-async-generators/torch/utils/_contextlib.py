@@ -2,13 +2,8 @@
 
 
 def context_decorator(ctx, func, *, carried=None):
-    """.. versionchanged:: 2.14
-        Wraps coroutine and async generator functions too, entering the
-        context around each step of their bodies.  With *carried*, a
-        ``(capture, swap)`` pair of functions for the thread state the context
-        sets, a body of any of the three kinds carries that state from step to
-        step instead, and its caller gets its own back after each.
-    """
+    # *carried*: the (capture, swap) pair for the thread state the context sets, which
+    # suspendable bodies then carry from step to step.
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(...)
 
