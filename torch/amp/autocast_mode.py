@@ -81,12 +81,14 @@ def autocast_decorator(autocast_instance, func):
     owner = next(
         vars(k) for k in type(autocast_instance).__mro__ if names & vars(k).keys()
     )
-    carried = owner.get("_carried_state")
+    carried, wrap_call = owner.get("_carried_state"), None
+    if carried is not None:
+        wrap_call = functools.partial(_call_in_autocast, autocast_instance)
     decorate_autocast = context_decorator(
         functools.partial(_copy, autocast_instance),
         func,
         carried=carried,
-        wrap_call=carried and functools.partial(_call_in_autocast, autocast_instance),
+        wrap_call=wrap_call,
     )
     decorate_autocast.__script_unsupported = ...
     return decorate_autocast
