@@ -16,29 +16,30 @@ class _Body:
     """The context of one suspendable body, and the state it carries between steps."""
 
     def __init__(self, ctx_factory, carried, agen=False):
-        self.ctx_factory, self.carried, self.agen = ctx_factory, carried, agen
+        self.ctx_factory, self.agen = ctx_factory, agen
+        self.capture, self.swap = carried or (None, None)
         self.ctx = self.state = None
 
     def enter(self):
         """Enter the context in the caller's state, and take the body's state from it."""
-        caller = self.carried[0]()
+        caller = self.capture()
         ctx = self.ctx_factory()
         ctx.__enter__()
-        self.ctx, self.state = ctx, self.carried[1](caller)
+        self.ctx, self.state = ctx, self.swap(caller)
 
     def exit(self, exc):
         """Exit the context in the body's state, if *exc* ended the body."""
-        if self.ctx is None or self.agen and type(exc) is StopIteration:
+        if self.ctx is None or (self.agen and type(exc) is StopIteration):
             return  # never entered, or an async generator's step that yielded
         ctx, self.ctx = self.ctx, None
-        caller = self.carried[1](self.state)
+        caller = self.swap(self.state)
         try:
             if isinstance(exc, (StopIteration, StopAsyncIteration)):
                 ctx.__exit__(None, None, None)
             else:
                 ctx.__exit__(type(exc), exc, exc.__traceback__)
         finally:
-            self.carried[1](caller)
+            self.swap(caller)
 
 
 def _traced():
@@ -59,9 +60,9 @@ def _driver(start):
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # an athrow awaitable's exception holds this frame
-        if body.ctx is None and body.carried and _traced():
-            body.carried = None
-        swap = body.carried[1] if body.carried else None
+        if body.ctx is None and body.swap and _traced():
+            body.swap = None
+        swap = body.swap
         method, arg = it.send, None
         try:
             while True:

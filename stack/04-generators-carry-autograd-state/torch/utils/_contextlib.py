@@ -5,29 +5,30 @@ class _Body:
     """The context of one suspendable body, and the state it carries between steps."""
 
     def __init__(self, ctx_factory, carried):
-        self.ctx_factory, self.carried = ctx_factory, carried
+        self.ctx_factory = ctx_factory
+        self.capture, self.swap = carried or (None, None)
         self.ctx = self.state = None
 
     def enter(self):
         """Enter the context in the caller's state, and take the body's state from it."""
-        caller = self.carried[0]()
+        caller = self.capture()
         ctx = self.ctx_factory()
         ctx.__enter__()
-        self.ctx, self.state = ctx, self.carried[1](caller)
+        self.ctx, self.state = ctx, self.swap(caller)
 
     def exit(self, exc):
         """Exit the context in the body's state, if *exc* ended the body."""
         if self.ctx is None:
             return  # never entered
         ctx, self.ctx = self.ctx, None
-        caller = self.carried[1](self.state)
+        caller = self.swap(self.state)
         try:
             if isinstance(exc, StopIteration):
                 ctx.__exit__(None, None, None)
             else:
                 ctx.__exit__(type(exc), exc, exc.__traceback__)
         finally:
-            self.carried[1](caller)
+            self.swap(caller)
 
 
 def context_decorator(ctx, func, *, carried=None):
