@@ -1222,6 +1222,37 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
         )
         self.assertEqual(caller_modes, [NO_GRAD, NO_GRAD])
 
+    def test_dropped_after_an_ignored_close_is_closed_again_in_its_mode(self):
+        # The loop's finalizer closes the wrapper once; a body that ignored
+        # that is closed a second time through the decorator when dropped, as
+        # a generator is, and its inference-mode guard is undone in its own
+        # state: left to Python, the guard's restore put the body's no_grad on
+        # the thread (a 100,000-program property run found it, 2026-12-01).
+        log = []
+
+        @torch.no_grad()
+        async def body():
+            with torch.inference_mode():
+                try:
+                    yield 1
+                except GeneratorExit:
+                    log.append(("ignored", mode_state()))
+                    yield 2
+
+        async def main():
+            # Not logged: a captured log record would keep the frames alive.
+            asyncio.get_running_loop().set_exception_handler(lambda *args: None)
+            b = body()
+            await b.__anext__()
+            del b
+            await asyncio.sleep(0)
+
+        before = autograd_state()
+        asyncio.run(main())
+        gc.collect()
+        self.assertEqual(autograd_state(), before)
+        self.assertEqual(log, [("ignored", INFERENCE)])
+
     @parametrize("decorator", list(DECORATORS))
     def test_loop_finalisation_runs_finally_under_mode(self, decorator):
         # Break out of ``async for`` and let the event loop finalise the
