@@ -38,6 +38,7 @@ import gc
 import inspect
 import itertools
 import random
+import sys
 import threading
 import traceback
 import tracemalloc
@@ -1252,6 +1253,36 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
         gc.collect()
         self.assertEqual(autograd_state(), before)
         self.assertEqual(log, [("ignored", INFERENCE)])
+
+    def test_cycle_collected_mid_clean_up_reports_what_undecorated_does(self):
+        # Collected in a cycle without a loop: the wrapper's close leaves the
+        # body awaiting in its clean-up, and the body's own finalizer must not
+        # close it again while it runs (found by a user, 2026-12-01).
+        def unraisables(decorate):
+            async def agen():
+                try:
+                    yield 1
+                finally:
+                    await suspend()
+
+            body = (torch.no_grad()(agen) if decorate else agen)()
+            with contextlib.suppress(StopIteration):
+                body.asend(None).send(None)
+            seen = []
+            with mock.patch.object(
+                sys, "unraisablehook", lambda u: seen.append(repr(u.exc_value))
+            ):
+                cycle = [body]
+                cycle.append(cycle)
+                del cycle, body
+                gc.collect()
+            return seen
+
+        expected = unraisables(False)
+        self.assertEqual(
+            expected, [repr(RuntimeError("async generator ignored GeneratorExit"))]
+        )
+        self.assertEqual(unraisables(True), expected)
 
     @parametrize("decorator", list(DECORATORS))
     def test_loop_finalisation_runs_finally_under_mode(self, decorator):

@@ -116,7 +116,7 @@ _drive_step = _async_driver(lambda body, awaitable: (body, awaitable))
 
 def _finalize(body, agen):
     """Close *agen* again, in its state, if it ignored its wrapper's close (as generators are)."""
-    if body.closed:
+    if body.closed and not agen.ag_running:  # not while its wrapper's close awaits
         with contextlib.suppress(GeneratorExit, StopAsyncIteration):
             _drive_step(body, agen.athrow(GeneratorExit)).send(None)
 
