@@ -14,21 +14,22 @@ from torch._C import _set_grad_enabled, is_grad_enabled
 
 
 class _Body:
-    """The context of one suspendable body, and the state it carries between steps."""
+    """A body's context, entered at its first step and exited where it ends, and its state."""
+
+    ctx: Any = None
+    state: Any = None
+    closed = False  # whether its async generator's wrapper relayed a close
 
     def __init__(self, ctx_factory, carried, agen=False):
         self.ctx_factory, self.agen = ctx_factory, agen
-        self.capture, self.swap = carried or (None, None)
-        self.ctx = self.state = self.closed = None
+        self.capture, self.swap = cast(Any, carried or (None, None))
 
     def enter(self):
-        """Enter the context in the caller's state, and take the body's state from it."""
         caller, ctx = self.capture(), self.ctx_factory()
         ctx.__enter__()
         self.ctx, self.state = ctx, self.swap(caller)
 
     def exit(self, exc):
-        """Exit the context in the body's state, if *exc* ended the body."""
         if self.ctx is None or (self.agen and type(exc) is StopIteration):
             return  # never entered, or an async generator's step that yielded
         ctx, self.ctx = self.ctx, None
@@ -85,7 +86,7 @@ def _driver(start):
                     if type(exc) is GeneratorExit and not getattr(it, "cr_frame", 1):
                         raise  # a coroutine the collector finalised first
                     # Thrown next pass (so no __context__), without this frame's entry.
-                    exc = exc.with_traceback(exc.__traceback__.tb_next)
+                    exc = exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
                     method, arg = it.throw, exc
                 else:
                     method = it.send
@@ -170,7 +171,7 @@ def _wrap_async_generator(ctx_factory, func, carried=None):
                 step = agen.asend((yield (value, value := None)[0]))
             except BaseException as exc:
                 body.closed = type(exc) is GeneratorExit
-                step = agen.athrow(exc.with_traceback(exc.__traceback__.tb_next))
+                step = agen.athrow(exc.with_traceback(exc.__traceback__.tb_next))  # type: ignore[union-attr]
 
     return async_generator_context
 

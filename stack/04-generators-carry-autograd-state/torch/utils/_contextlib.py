@@ -2,22 +2,21 @@
 
 
 class _Body:
-    """The context of one suspendable body, and the state it carries between steps."""
+    """A body's context, entered at its first step and exited where it ends, and its state."""
+
+    ctx: Any = None
+    state: Any = None
 
     def __init__(self, ctx_factory, carried):
         self.ctx_factory = ctx_factory
-        self.capture, self.swap = carried or (None, None)
-        self.ctx = self.state = None
+        self.capture, self.swap = cast(Any, carried or (None, None))
 
     def enter(self):
-        """Enter the context in the caller's state, and take the body's state from it."""
-        caller = self.capture()
-        ctx = self.ctx_factory()
+        caller, ctx = self.capture(), self.ctx_factory()
         ctx.__enter__()
         self.ctx, self.state = ctx, self.swap(caller)
 
     def exit(self, exc):
-        """Exit the context in the body's state, if *exc* ended the body."""
         if self.ctx is None:
             return  # never entered
         ctx, self.ctx = self.ctx, None
