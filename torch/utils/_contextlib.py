@@ -199,7 +199,7 @@ def _call_in_inference_mode(ctx, func):
 
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
-        traced = torch.compiler.is_dynamo_compiling()  # which cannot make a guard
+        traced = torch.compiler.is_dynamo_compiling()  # Dynamo cannot trace the guard
         with ctx_factory() if traced else torch._C._InferenceMode(mode):
             return func(*args, **kwargs)
 
