@@ -1,18 +1,42 @@
 # A fragment of torch/autograd/grad_mode.py: the definitions the patch adds or
 # replaces there, and the imports they need (see overlay/_torch_gradmode_splice.py).
+import functools
+
 from torch.utils._contextlib import _call_in_inference_mode, _call_with_grad_mode
 
 
-# What every grad mode sets, and so what a body it decorates carries between steps.
-_AUTOGRAD_MODE_STATE = (
+def _flag_state(is_enabled, set_enabled):
+    """The ``(capture, swap)`` pair of the thread-local flag *is_enabled* reads and *set_enabled* sets."""
+
+    def swap(enabled):
+        prev = is_enabled()
+        set_enabled(enabled)
+        return prev
+
+    return is_enabled, swap
+
+
+# What each mode's block sets, and so what a body it decorates carries between steps.
+_GRAD_MODE_STATE = _flag_state(torch._C.is_grad_enabled, torch._C._set_grad_enabled)
+_MULTITHREADING_STATE = _flag_state(
+    torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
+)
+_GRAD_LAYOUT_STATE = _flag_state(
+    torch._C._is_grad_layout_enforcement_enabled,
+    torch._C._set_grad_layout_enforcement_enabled,
+)
+_VIEW_REPLAY_STATE = _flag_state(
+    torch._C._is_view_replay_enabled, torch._C._set_view_replay_enabled
+)
+_INFERENCE_MODE_STATE = (
     torch._C._get_autograd_mode_state,
     torch._C._swap_autograd_mode_state,
 )
 
 
 class no_grad(_NoParamDecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
-    _wrap_call = staticmethod(_call_with_grad_mode)
+    _carried_state = _GRAD_MODE_STATE
+    _wrap_call = staticmethod(functools.partial(_call_with_grad_mode, mode=False))
 
     def __enter__(self) -> None:
         self.prev = torch.is_grad_enabled()
@@ -31,17 +55,17 @@ class no_grad(_NoParamDecoratorContextManager):
 
 
 class enable_grad(_NoParamDecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
-    _wrap_call = staticmethod(_call_with_grad_mode)
+    _carried_state = _GRAD_MODE_STATE
+    _wrap_call = staticmethod(functools.partial(_call_with_grad_mode, mode=True))
 
 
 class set_grad_enabled(_DecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
+    _carried_state = _GRAD_MODE_STATE
     _wrap_call = staticmethod(_call_with_grad_mode)
 
 
 class inference_mode(_DecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
+    _carried_state = _INFERENCE_MODE_STATE
     _wrap_call = staticmethod(_call_in_inference_mode)
 
     def __new__(cls, mode=True):
@@ -60,7 +84,7 @@ class inference_mode(_DecoratorContextManager):
 
 
 class set_multithreading_enabled(_DecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
+    _carried_state = _MULTITHREADING_STATE
 
     def __init__(self, mode: bool) -> None: ...
 
@@ -72,8 +96,8 @@ class set_multithreading_enabled(_DecoratorContextManager):
 
 
 class enforce_grad_layout_policy(_DecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
+    _carried_state = _GRAD_LAYOUT_STATE
 
 
 class _force_original_view_tracking(_DecoratorContextManager):
-    _carried_state = _AUTOGRAD_MODE_STATE
+    _carried_state = _VIEW_REPLAY_STATE
