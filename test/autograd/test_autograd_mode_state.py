@@ -1,5 +1,6 @@
 # Owner(s): ["module: autograd"]
-"""The binding that captures and installs a thread's autograd mode state.
+"""The binding that captures and installs a thread's autograd mode state, and
+generators decorated with inference_mode, which carry it.
 
 ``torch._C._get_autograd_mode_state()`` captures the calling thread's state;
 ``torch._C._swap_autograd_mode_state(state)`` installs one and returns the
@@ -23,6 +24,8 @@ from torch.autograd.grad_mode import (
     set_multithreading_enabled,
 )
 from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
     run_tests,
     skipIfTorchDynamo,
     TestCase,
@@ -268,6 +271,94 @@ class TestGradModeAutogradModeState(TestCase):
             torch._C._swap_autograd_mode_state()
         with self.assertRaises(TypeError):
             torch._C._AutogradModeState()
+
+
+# inference_mode's block sets all of the state, so its bodies carry all of it.
+INFERENCE_DECORATORS = {
+    "inference_mode": torch.inference_mode,
+    "inference_mode_False": lambda: torch.inference_mode(False),
+}
+
+
+@skipIfTorchDynamo("checks thread state around eagerly stepped generators")
+class TestGradModeSuspendInferenceMode(TestCase):
+    def setUp(self):
+        super().setUp()
+        guard = torch._C._InferenceMode(torch.is_inference_mode_enabled())
+        guard.__enter__()
+        self.addCleanup(guard.__exit__, None, None, None)
+
+    def step_in_each_caller_state(self, body):
+        """Step *body* from each change of CHANGES in turn; return what it saw."""
+        seen = []
+        for change in CHANGES.values():
+            with change():
+                before = autograd_state()
+                seen.append(next(body))
+                self.assertEqual(autograd_state(), before)
+        return seen
+
+    @parametrize("decorator", INFERENCE_DECORATORS)
+    def test_body_keeps_its_own_blocks_and_none_of_its_callers(self, decorator):
+        def gen():
+            with torch.no_grad(), set_multithreading_enabled(False):
+                inside = autograd_state()
+                while True:
+                    yield autograd_state() == inside
+
+        body = INFERENCE_DECORATORS[decorator]()(gen)()
+        self.assertEqual(self.step_in_each_caller_state(body), [True] * len(CHANGES))
+        body.close()
+
+    @parametrize("decorator", INFERENCE_DECORATORS)
+    def test_body_starts_from_the_callers_state_in_the_decorators_mode(
+        self, decorator
+    ):
+        def gen():
+            yield autograd_state()
+
+        with set_multithreading_enabled(False):
+            with INFERENCE_DECORATORS[decorator]():
+                expected = autograd_state()
+            self.assertEqual(next(INFERENCE_DECORATORS[decorator]()(gen)()), expected)
+
+    @parametrize("decorator", INFERENCE_DECORATORS)
+    def test_caller_gets_its_whole_state_back(self, decorator):
+        def gen():
+            with contextlib.ExitStack() as stack:
+                for change in CHANGES.values():
+                    stack.enter_context(change())
+                    yield
+                torch._C._set_grad_enabled(not torch.is_grad_enabled())
+                while True:
+                    yield
+
+        body = INFERENCE_DECORATORS[decorator]()(gen)()
+        self.step_in_each_caller_state(body)
+        self.step_in_each_caller_state(body)
+        body.close()
+
+    def test_inference_mode_false_body_key_guard_does_not_leak(self):
+        autograd_cpu = DispatchKeySet(DispatchKey.AutogradCPU)
+
+        @torch.inference_mode(False)
+        def body():
+            with torch._C._ExcludeDispatchKeyGuard(autograd_cpu):
+                yield
+                yield
+
+        x = torch.ones(1, requires_grad=True)
+        before = autograd_state()
+        gen = body()
+        for _ in range(2):
+            next(gen)
+            self.assertEqual(autograd_state(), before)
+            self.assertIsNotNone((x * 2).grad_fn)
+        gen.close()
+        self.assertEqual(autograd_state(), before)
+
+
+instantiate_parametrized_tests(TestGradModeSuspendInferenceMode)
 
 
 if __name__ == "__main__":

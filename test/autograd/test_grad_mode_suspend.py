@@ -1,12 +1,13 @@
 # Owner(s): ["module: autograd"]
 """Grad-mode decorators on generators.
 
-A grad mode (no_grad, enable_grad, set_grad_enabled, inference_mode) used as
-a decorator covers each step of a generator: the body starts from its caller's
-autograd state with the decorator applied, keeps the mode blocks it opens
-across its own ``yield``, and its caller gets exactly its own autograd state
-back after every step.  Any other decorating context is entered afresh around
-each step and owns no autograd state.
+A grad mode used as a decorator covers each step of a generator for the state
+its own ``with`` block sets: grad mode for no_grad, enable_grad and
+set_grad_enabled, its one flag for each single-flag mode.  The body starts
+from its caller's state with the decorator entered, keeps its own changes to
+that state across its ``yield``, and its caller gets its own back after every
+step.  Any other state the body sees and changes as the undecorated body
+would.  Any other decorating context is entered afresh around each step.
 """
 
 import contextlib
@@ -39,19 +40,8 @@ from torch.utils.checkpoint import GraphExecGroup
 # autograd state around generators that the decorators step eagerly.
 _DYNAMO_SKIP = "checks thread state around eagerly stepped generators"
 
-# The context each grad-mode decorator applies; "no_grad_bare" is @torch.no_grad.
-DECORATORS = {
-    "no_grad": torch.no_grad,
-    "no_grad_bare": torch.no_grad,
-    "enable_grad": torch.enable_grad,
-    "set_grad_enabled_False": lambda: torch.set_grad_enabled(False),
-    "set_grad_enabled_True": lambda: torch.set_grad_enabled(True),
-    "inference_mode": torch.inference_mode,
-    "inference_mode_False": lambda: torch.inference_mode(False),
-}
-
-# The whole autograd state of a thread: the flags a grad mode owns, and the
-# local dispatch key sets whose bits inference mode toggles.
+# The whole autograd state of a thread: its flags, and the local dispatch key
+# sets whose bits inference mode toggles.
 _STATE_QUERIES = (
     torch.is_grad_enabled,
     torch.is_inference_mode_enabled,
@@ -63,6 +53,48 @@ _STATE_QUERIES = (
     torch._C._dispatch_tls_local_include_set,
     torch._C._dispatch_tls_local_exclude_set,
 )
+
+# The flags a single-flag block sets: query -> the block that flips it.
+FLAG_BLOCKS = {
+    torch.is_grad_enabled: lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
+    torch._C._is_multithreading_enabled: lambda: set_multithreading_enabled(
+        not torch._C._is_multithreading_enabled()
+    ),
+    torch._C._is_view_replay_enabled: lambda: _force_original_view_tracking(
+        not torch._C._is_view_replay_enabled()
+    ),
+    torch._C._is_grad_layout_enforcement_enabled: lambda: enforce_grad_layout_policy(
+        not torch._C._is_grad_layout_enforcement_enabled()
+    ),
+}
+
+# Each decorator: the context it applies, and the flag its block sets (what
+# its bodies carry).  "no_grad_bare" is @torch.no_grad.
+DECORATORS = {
+    "no_grad": (torch.no_grad, torch.is_grad_enabled),
+    "no_grad_bare": (torch.no_grad, torch.is_grad_enabled),
+    "enable_grad": (torch.enable_grad, torch.is_grad_enabled),
+    "set_grad_enabled_False": (
+        lambda: torch.set_grad_enabled(False),
+        torch.is_grad_enabled,
+    ),
+    "set_grad_enabled_True": (
+        lambda: torch.set_grad_enabled(True),
+        torch.is_grad_enabled,
+    ),
+    "set_multithreading_enabled": (
+        lambda: set_multithreading_enabled(False),
+        torch._C._is_multithreading_enabled,
+    ),
+    "force_original_view_tracking": (
+        lambda: _force_original_view_tracking(True),
+        torch._C._is_view_replay_enabled,
+    ),
+    "enforce_grad_layout_policy": (
+        lambda: enforce_grad_layout_policy(False),
+        torch._C._is_grad_layout_enforcement_enabled,
+    ),
+}
 
 
 def no_multithreading():
@@ -87,6 +119,12 @@ def autograd_state():
     return tuple(repr(query()) for query in _STATE_QUERIES)
 
 
+def with_flag(state, flag, value):
+    """*state* with *flag*'s entry replaced by *value*."""
+    index = _STATE_QUERIES.index(flag)
+    return state[:index] + (repr(value),) + state[index + 1 :]
+
+
 @contextlib.contextmanager
 def enter_all(contexts):
     with contextlib.ExitStack() as stack:
@@ -98,13 +136,14 @@ def enter_all(contexts):
 def decorate(decorator, func):
     if decorator == "no_grad_bare":
         return torch.no_grad(func)
-    return DECORATORS[decorator]()(func)
+    return DECORATORS[decorator][0]()(func)
 
 
-def state_under(decorator, *blocks):
-    """The state a body starts in when called now, after opening *blocks*."""
-    with DECORATORS[decorator](), enter_all(blocks):
-        return autograd_state()
+def mode_under(decorator):
+    """The value of the flag *decorator* sets, in its block entered now."""
+    context, flag = DECORATORS[decorator]
+    with context():
+        return flag()
 
 
 class Boom(Exception):
@@ -116,7 +155,7 @@ class Payload:
 
 
 class Counting(_DecoratorContextManager):
-    """A context that is not a grad mode: it only logs being entered and left."""
+    """A context that carries nothing: it only logs being entered and left."""
 
     def __init__(self, log):
         self.log = log
@@ -128,7 +167,7 @@ class Counting(_DecoratorContextManager):
         self.log.append("enter")
 
     def __exit__(self, *exc_info):
-        self.log.append("exit")
+        self.log.append(("exit", exc_info[0]))
 
 
 @contextlib.contextmanager
@@ -137,12 +176,12 @@ def counting(log):
     try:
         yield
     finally:
-        log.append("exit")
+        log.append(("exit", None))
 
 
 def loud_no_grad(log):
     class LoudNoGrad(torch.no_grad):
-        """Overrides __enter__, so it is no longer a grad mode."""
+        """Overrides __enter__ and declares nothing, so it carries nothing."""
 
         def __enter__(self):
             log.append("enter")
@@ -151,8 +190,8 @@ def loud_no_grad(log):
     return LoudNoGrad()
 
 
-# Contexts that are not grad modes, as decorators: name -> (make the
-# decorator from a log, the grad mode the body sees for a caller's).
+# Contexts that carry nothing, as decorators: name -> (make the decorator
+# from a log, the grad mode the body sees for a caller's).
 OTHER_CONTEXTS = {
     "set_stance": (lambda log: torch.compiler.set_stance("force_eager"), None),
     "DecoratorContextManager": (Counting, None),
@@ -179,89 +218,126 @@ class AutogradStateTestCase(TestCase):
 class TestGradModeSuspend(AutogradStateTestCase):
     def step_in_each_caller_mode(self, gen):
         """Step *gen* to its end from each caller mode in turn, checking each
-        step gives the caller back its whole state; return the generator's result."""
+        step gives the caller back its whole state; return the generator's
+        result and the caller's state at each step."""
+        callers = []
         for contexts in itertools.cycle(CALLER_MODES):
             with enter_all(contexts):
                 before = autograd_state()
+                callers.append(before)
                 try:
                     gen.send(None)
                 except StopIteration as stop:
-                    return stop.value
+                    return stop.value, callers
                 finally:
                     self.assertEqual(autograd_state(), before)
 
     @parametrize("decorator", DECORATORS)
-    def test_body_keeps_its_own_blocks(self, decorator):
+    def test_body_keeps_its_own_block_and_sees_the_rest_of_the_callers_state(
+        self, decorator
+    ):
+        flag = DECORATORS[decorator][1]
         seen = []
 
         def gen():
             seen.append(autograd_state())
-            with torch.set_grad_enabled(not torch.is_grad_enabled()):
-                with no_multithreading():
-                    for _ in CALLER_MODES:
-                        seen.append(autograd_state())
-                        yield
+            with FLAG_BLOCKS[flag]():
+                for _ in CALLER_MODES:
                     seen.append(autograd_state())
+                    yield
+                seen.append(autograd_state())
             seen.append(autograd_state())
             return "done"  # noqa: B901 (the result, in StopIteration)
 
-        with torch.inference_mode():
-            first = state_under(decorator)
-            result = self.step_in_each_caller_mode(decorate(decorator, gen)())
+        result, callers = self.step_in_each_caller_mode(decorate(decorator, gen)())
         self.assertEqual(result, "done")
-        self.assertEqual(seen[0], first)
-        inside = seen[1]
-        self.assertNotEqual(inside, first)
-        self.assertEqual(seen[1:-1], [inside] * (len(CALLER_MODES) + 1))
-        self.assertEqual(seen[-1], first)
+        mode = mode_under(decorator)
+        # Its own flag as its blocks left it, everything else its caller's.
+        expected = (
+            [with_flag(callers[0], flag, mode)]
+            + [with_flag(caller, flag, not mode) for caller in callers]
+            + [with_flag(callers[-1], flag, mode)]
+        )
+        self.assertEqual(seen, expected)
 
     @parametrize("decorator", DECORATORS)
     def test_caller_gets_its_own_state_back(self, decorator):
-        body_blocks = (
-            lambda: torch.inference_mode(not torch.is_inference_mode_enabled()),
-            lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
-            no_multithreading,
-            lambda: _force_original_view_tracking(True),
-            lambda: fwAD._set_fwd_grad_enabled(False),
-            lambda: enforce_grad_layout_policy(False),
-        )
+        flag = DECORATORS[decorator][1]
 
         def gen():
-            with contextlib.ExitStack() as stack:
-                for block in body_blocks:
-                    stack.enter_context(block())
-                    yield
-                torch._C._set_graph_exec_group(GraphExecGroup())
-                torch._C._set_grad_enabled(not torch.is_grad_enabled())
+            with FLAG_BLOCKS[flag]():
                 yield
+            with FLAG_BLOCKS[flag]():
+                yield
+                FLAG_BLOCKS[flag]().__enter__()  # the function form, never undone
+                yield
+            yield
 
         self.step_in_each_caller_mode(decorate(decorator, gen)())
 
     @parametrize("decorator", DECORATORS)
+    def test_state_it_does_not_carry_is_the_callers_as_undecorated(self, decorator):
+        flag = DECORATORS[decorator][1]
+        others = [query for query in FLAG_BLOCKS if query is not flag]
+
+        def gen():
+            while True:
+                yield [query() for query in others]
+
+        for body in (gen(), decorate(decorator, gen)()):
+            seen = []
+            next(body)
+            for query in others:
+                with FLAG_BLOCKS[query]():
+                    seen.append(next(body))
+            body.close()
+            if body.gi_code is gen.__code__:
+                undecorated = seen
+        self.assertEqual(seen, undecorated)
+        flipped = [[not q() if q is query else q() for q in others] for query in others]
+        self.assertEqual(seen, flipped)
+
+    @parametrize("decorator", DECORATORS)
+    def test_block_it_does_not_carry_leaks_as_undecorated(self, decorator):
+        # A block of state the decorator does not carry, left open across a
+        # yield, is the caller's between steps, as in the undecorated body.
+        def gen():
+            with torch.inference_mode(not torch.is_inference_mode_enabled()):
+                yield
+                yield
+
+        for body in (gen(), decorate(decorator, gen)()):
+            next(body)
+            self.assertTrue(torch.is_inference_mode_enabled())
+            body.close()
+            self.assertFalse(torch.is_inference_mode_enabled())
+
+    @parametrize("decorator", DECORATORS)
     def test_send_throw_close(self, decorator):
+        flag = DECORATORS[decorator][1]
         log = []
 
         def gen():
-            mode = autograd_state()
+            mode = flag()
             try:
                 log.append((yield "first"))
                 try:
                     yield "second"
                 except Boom:
-                    log.append(("caught", autograd_state() == mode))
+                    log.append(("caught", flag() == mode))
                 yield "third"
             finally:
-                log.append(("finally", autograd_state() == mode))
+                log.append(("finally", flag() == mode))
 
         body = decorate(decorator, gen)()
-        with torch.inference_mode():
+        with FLAG_BLOCKS[flag]():
             self.assertEqual(body.send(None), "first")
-        with torch.no_grad():
+        with torch.no_grad(), no_multithreading():
             self.assertEqual(body.send("sent"), "second")
             before = autograd_state()
             self.assertEqual(body.throw(Boom()), "third")
             self.assertEqual(autograd_state(), before)
-        with no_multithreading():
+        with torch.inference_mode():
             before = autograd_state()
             body.close()
             self.assertEqual(autograd_state(), before)
@@ -269,8 +345,10 @@ class TestGradModeSuspend(AutogradStateTestCase):
 
     @parametrize("decorator", DECORATORS)
     def test_exceptions_propagate_unchanged(self, decorator):
+        flag = DECORATORS[decorator][1]
+
         def gen(exc, where):
-            mode = autograd_state()
+            mode = flag()
             if where == "raised on entry":
                 raise exc
             try:
@@ -278,7 +356,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
                 if where == "raised on resume":
                     raise exc
             except BaseException:
-                self.assertEqual(autograd_state(), mode)
+                self.assertEqual(flag(), mode)
                 raise
 
         errors = (Boom, KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -289,7 +367,7 @@ class TestGradModeSuspend(AutogradStateTestCase):
                 body = decorate(decorator, gen)(exc, where)
                 if where != "raised on entry":
                     body.send(None)  # to the yield
-                with torch.inference_mode():
+                with torch.inference_mode(), FLAG_BLOCKS[flag]():
                     before = autograd_state()
                     with self.assertRaises(error) as caught:
                         body.throw(exc) if where == "thrown in" else body.send(None)
@@ -298,18 +376,20 @@ class TestGradModeSuspend(AutogradStateTestCase):
 
     @parametrize("decorator", DECORATORS)
     def test_generator_that_ignores_generator_exit_stays_resumable(self, decorator):
+        flag = DECORATORS[decorator][1]
+
         def gen():
-            with no_multithreading():
+            with FLAG_BLOCKS[flag]():
                 try:
-                    yield autograd_state()
+                    yield flag()
                 except GeneratorExit:
                     pass
                 yield "ignored GeneratorExit"
-                yield autograd_state()
+                yield flag()
 
         body = decorate(decorator, gen)()
         first = next(body)
-        with torch.inference_mode():
+        with torch.inference_mode(), FLAG_BLOCKS[flag]():
             before = autograd_state()
             with self.assertRaisesRegex(RuntimeError, "ignored GeneratorExit"):
                 body.close()
@@ -319,29 +399,29 @@ class TestGradModeSuspend(AutogradStateTestCase):
 
     @parametrize("decorator", DECORATORS)
     def test_close_and_finalisation_run_in_the_body_mode(self, decorator):
+        flag = DECORATORS[decorator][1]
         for end in ("closed", "dropped"):
             with self.subTest(end=end):
                 log = []
 
                 def gen():
-                    with no_multithreading():
+                    with FLAG_BLOCKS[flag]():
                         try:
-                            log.append(autograd_state())
+                            log.append(flag())
                             yield
                         finally:
-                            log.append(autograd_state())
+                            log.append(flag())
 
                 body = decorate(decorator, gen)()
                 body.send(None)
-                with torch.inference_mode(), GraphExecGroup():
+                with torch.inference_mode(), GraphExecGroup(), FLAG_BLOCKS[flag]():
                     before = autograd_state()
                     if end == "closed":
                         body.close()
                     else:
                         del body
                     self.assertEqual(autograd_state(), before)
-                self.assertEqual(log, [log[0]] * 2)
-                self.assertEqual(log[0], state_under(decorator, no_multithreading))
+                self.assertEqual(log, [not mode_under(decorator)] * 2)
 
     def test_keeps_kind_and_metadata(self):
         def gen(a, b=1):
@@ -360,13 +440,29 @@ class TestGradModeSuspend(AutogradStateTestCase):
                 self.assertEqual(inspect.signature(decorated), inspect.signature(gen))
                 self.assertTrue(inspect.isgenerator(decorated(1)))
 
+    def test_stacked_decorators_each_carry_their_own(self):
+        @torch.no_grad()
+        @set_multithreading_enabled(False)
+        def gen():
+            while True:
+                with torch.enable_grad(), no_multithreading():
+                    pass
+                yield torch.is_grad_enabled(), torch._C._is_multithreading_enabled()
+
+        body = gen()
+        with torch.enable_grad():
+            self.assertEqual(next(body), (False, False))
+            self.assertTrue(torch._C._is_multithreading_enabled())
+            self.assertTrue(torch.is_grad_enabled())
+        body.close()
+
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContexts(AutogradStateTestCase):
-    """Contexts that are not grad modes are entered afresh around each step."""
+    """Contexts that carry nothing are entered afresh around each step."""
 
     @parametrize("context", OTHER_CONTEXTS)
-    def test_entered_per_step_and_owning_no_grad_mode(self, context):
+    def test_entered_per_step_and_carrying_nothing(self, context):
         make_decorator, body_sees = OTHER_CONTEXTS[context]
         log = []
 
@@ -387,14 +483,15 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
         if context != "set_stance":
             self.assertEqual(log.count("enter"), len(callers) + 1)  # and close
 
-    @parametrize("override", ["nothing", "clone", "__init__"])
-    def test_subclass_is_a_grad_mode_unless_it_overrides_how_it_is_made(self, override):
-        # Overriding clone or __init__ (or __enter__/__exit__) may do more
-        # than set the autograd state: such a subclass is entered per step.
+    @parametrize("override", ["nothing", "clone", "__init__", "__enter__"])
+    def test_subclass_carries_unless_it_overrides_how_it_is_entered(self, override):
+        # A subclass that enters or exits otherwise, without declaring what
+        # its block sets, carries nothing: it is entered afresh per step.
         namespace = {
             "nothing": {},
             "clone": {"clone": lambda self: type(self)()},
             "__init__": {"__init__": lambda self: torch.no_grad.__init__(self)},
+            "__enter__": {"__enter__": lambda self: torch.no_grad.__enter__(self)},
         }[override]
         subclass = type("NoGradSubclass", (torch.no_grad,), namespace)
 
@@ -413,11 +510,47 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
             self.assertFalse(torch.is_grad_enabled())
         self.assertTrue(torch.is_grad_enabled())
         body.close()
-        # Entered afresh per step, the body's block does not survive its yield.
         expected = (
-            [False, True, False] if override == "nothing" else [False, False, False]
+            [False, False, False] if override == "__enter__" else [False, True, False]
         )
         self.assertEqual(seen, expected)
+
+    @parametrize("context", ["DecoratorContextManager", "context_decorator"])
+    def test_close_exits_as_on_a_clean_close(self, context):
+        # As before this change: the body is closed inside the context, whose
+        # __exit__ sees no exception, even when the body's finally runs.
+        make_decorator = OTHER_CONTEXTS[context][0]
+        log = []
+
+        def gen():
+            try:
+                yield
+            finally:
+                log.append("finally")
+
+        body = make_decorator(log)(gen)()
+        next(body)
+        log.clear()
+        body.close()
+        self.assertEqual(log, ["enter", "finally", ("exit", None)])
+
+    def test_close_with_a_suppressing_exit_closes(self):
+        class Suppressing(Counting):
+            def __exit__(self, *exc_info):
+                super().__exit__(*exc_info)
+                return True
+
+        log = []
+
+        def gen():
+            yield
+            yield
+
+        body = Suppressing(log)(gen)()
+        next(body)
+        body.close()  # not "generator ignored GeneratorExit"
+        self.assertEqual(log[-1], ("exit", None))
+        self.assertEqual(inspect.getgeneratorstate(body), inspect.GEN_CLOSED)
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
@@ -434,25 +567,6 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
         with torch.no_grad():
             self.assertFalse(next(gen))
         gen.close()
-
-    def test_inference_mode_false_body_key_guard_does_not_leak(self):
-        autograd_cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
-
-        @torch.inference_mode(False)
-        def body():
-            with torch._C._ExcludeDispatchKeyGuard(autograd_cpu):
-                yield
-                yield
-
-        x = torch.ones(1, requires_grad=True)
-        before = autograd_state()
-        gen = body()
-        for _ in range(2):
-            next(gen)
-            self.assertEqual(autograd_state(), before)
-            self.assertIsNotNone((x * 2).grad_fn)
-        gen.close()
-        self.assertEqual(autograd_state(), before)
 
     def test_yielded_value_is_freed_once_the_caller_drops_it(self):
         @torch.no_grad()

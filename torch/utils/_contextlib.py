@@ -87,7 +87,9 @@ def _driver(start):
                     if type(exc) is GeneratorExit and not getattr(it, "cr_frame", 1):
                         raise  # a coroutine the collector finalised first
                     if type(exc) is GeneratorExit and not swap:
-                        with body.ctx_factory():  # as stock: __exit__ sees a clean close
+                        # As before: closed inside the context, whose __exit__
+                        # sees a clean close.
+                        with body.ctx_factory():
                             it.close()
                         raise
                     # Thrown next pass (so no __context__), without this frame's entry.

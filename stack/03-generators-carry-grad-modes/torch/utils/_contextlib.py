@@ -75,8 +75,6 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        # A subclass that overrides any of these may do more than its parent.
-        names = {"__init__", "clone", "__enter__", "__exit__"}
-        owner = next(vars(k) for k in type(self).__mro__ if names & vars(k).keys())
-        carried = owner.get("_carried_state")
-        return cast(F, context_decorator(self.clone, func, carried=carried))
+        return cast(
+            F, context_decorator(self.clone, func, carried=_carried_state(self))
+        )
