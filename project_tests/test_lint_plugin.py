@@ -262,7 +262,7 @@ class TestFalsePositives(TestCase):
         """
         self.assertEqual(check(src), [])
 
-    def test_decorated_function_is_exempt(self):
+    def test_decorated_body_keeps_its_own_kind_of_block(self):
         src = """
             import torch
             from torch import no_grad as ng
@@ -276,7 +276,7 @@ class TestFalsePositives(TestCase):
                     yield 1
             @torch.set_grad_enabled(False)
             async def c(q):
-                with torch.inference_mode():
+                with torch.no_grad():
                     await q
             @ng()
             async def d(q):
@@ -305,6 +305,316 @@ class TestFalsePositives(TestCase):
                     yield 3
         """
         self.assertEqual(check(src), [])
+
+
+def body(decorators, item, suspension="yield 1", imports="import torch"):
+    """Source of a function under *decorators* that suspends inside ``with item:``, and that line's number."""
+    head = "async def" if "await" in suspension else "def"
+    lines = [imports, *decorators, f"{head} f(q):", f"    with {item}:", f"        {suspension}"]
+    return "\n".join(lines) + "\n", imports.count("\n") + len(decorators) + 4
+
+
+# (decorator, a block it does not carry), one or more of each kind of block.
+UNCARRIED = [
+    ("@torch.autocast('cpu')", "torch.no_grad()"),
+    ("@torch.autograd.set_multithreading_enabled(False)", "torch.enable_grad()"),
+    ("@torch.autograd.grad_mode.enforce_grad_layout_policy(False)", "torch.set_grad_enabled(False)"),
+    ("@torch.no_grad()", "torch.autograd.set_multithreading_enabled(False)"),
+    ("@torch.enable_grad()", "torch.autograd.grad_mode.enforce_grad_layout_policy(False)"),
+    ("@torch.set_grad_enabled(True)", "torch.autograd.grad_mode._force_original_view_tracking(True)"),
+    ("@torch.no_grad()", "torch.inference_mode()"),
+    ("@torch.autograd.set_multithreading_enabled(False)", "torch.inference_mode(False)"),
+    ("@torch.inference_mode()", "torch.autocast('cpu')"),
+    ("@torch.no_grad()", "torch.cuda.amp.autocast()"),
+    ("@torch.enable_grad()", "torch.cpu.amp.autocast()"),
+    ("@torch.inference_mode()", "torch.amp.autocast(device_type='cuda')"),
+]
+
+# (decorator, a block it carries).
+CARRIED = [
+    ("@torch.no_grad()", "torch.enable_grad()"),
+    ("@torch.enable_grad()", "torch.set_grad_enabled(False)"),
+    ("@torch.set_grad_enabled(False)", "torch.no_grad()"),
+    ("@torch.autograd.set_multithreading_enabled(False)", "torch.autograd.set_multithreading_enabled(True)"),
+    ("@torch.autograd.grad_mode.enforce_grad_layout_policy(False)",
+     "torch.autograd.enforce_grad_layout_policy(True)"),
+    ("@torch.autograd._force_original_view_tracking(False)",
+     "torch.autograd.grad_mode._force_original_view_tracking(True)"),
+    ("@torch.inference_mode()", "torch.inference_mode(False)"),
+    ("@torch.autocast('cpu')", "torch.autocast('cpu', dtype=torch.bfloat16)"),
+    ("@torch.amp.autocast(device_type='cuda')", "torch.cuda.amp.autocast()"),
+    ("@torch.cpu.amp.autocast()", "torch.autocast(device_type='cpu', enabled=False)"),
+]
+
+
+class TestDecoratedBodies(TestCase):
+    """A decorated body keeps open across a suspension only the blocks its decorators carry."""
+
+    def test_uncarried_block_across_yield(self):
+        for decorator, item in UNCARRIED:
+            with self.subTest(decorator=decorator, item=item):
+                src, line = body([decorator], item)
+                self.assertEqual(check(src), [(line, 8, "TGM003")])
+
+    def test_uncarried_block_across_await(self):
+        for decorator, item in UNCARRIED:
+            with self.subTest(decorator=decorator, item=item):
+                src, line = body([decorator], item, "await q")
+                self.assertEqual(check(src), [(line, 8, "TGM004")])
+
+    def test_carried_block(self):
+        # The same body with a block of another kind is reported: the decorator
+        # carries only what its own block sets.
+        for decorator, item in CARRIED:
+            with self.subTest(decorator=decorator, item=item):
+                self.assertEqual(check(body([decorator], item)[0]), [])
+                other = "torch.inference_mode()" if "autocast" in decorator else "torch.autocast('cpu')"
+                src, line = body([decorator], other)
+                self.assertEqual(check(src), [(line, 8, "TGM003")])
+
+    def test_inference_mode_carries_the_autograd_state(self):
+        src = """
+            import torch
+            @torch.inference_mode()
+            async def f(q):
+                with torch.no_grad():
+                    await q
+                with torch.enable_grad(), torch.set_grad_enabled(True):
+                    yield 1
+                with torch.autograd.set_multithreading_enabled(False):
+                    await q
+                with torch.autograd.grad_mode.enforce_grad_layout_policy(False):
+                    yield 2
+                with torch.autograd.grad_mode._force_original_view_tracking(True):
+                    await q
+                with torch.autocast("cpu"):
+                    yield 3
+        """
+        self.assertEqual(check(src), [(16, 8, "TGM003")])
+
+    def test_stacked_decorators_carry_the_union(self):
+        src = """
+            import functools
+            import torch
+            @functools.wraps(print)
+            @torch.autocast("cpu")
+            @torch.no_grad()
+            def f():
+                with torch.enable_grad(), torch.autocast("cpu"):
+                    yield 1
+                with torch.autocast("cuda"):
+                    yield 2
+                with torch.inference_mode():
+                    yield 3
+        """
+        self.assertEqual(check(src), [(11, 8, "TGM003"), (13, 8, "TGM003")])
+        self.assertIn("in a body decorated with @torch.autocast('cpu') and @torch.no_grad(), which carry only "
+                      "grad mode and cpu autocast state:", messages(src)[0])
+
+    def test_decorator_spellings_and_aliases(self):
+        for imports, decorator in [
+            ("from torch import no_grad", "@no_grad"),
+            ("from torch import no_grad", "@no_grad()"),
+            ("import torch", "@torch.no_grad"),
+            ("import torch as t", "@t.enable_grad()"),
+            ("from torch import set_grad_enabled as sge", "@sge(False)"),
+            ("from torch.autograd import grad_mode as gm", "@gm.no_grad()"),
+            ("from torch import *", "@enable_grad()"),
+            ("import torch.autograd", "@torch.autograd.grad_mode.no_grad()"),
+        ]:
+            with self.subTest(imports=imports, decorator=decorator):
+                lines = [imports, "import torch", decorator, "def f():",
+                         "    with torch.enable_grad():", "        yield 1",
+                         "    with torch.inference_mode():", "        yield 2"]
+                self.assertEqual(check("\n".join(lines) + "\n"), [(8, 8, "TGM003")])
+
+    def test_nested_blocks_report_innermost_uncarried(self):
+        src = """
+            import torch
+            @torch.no_grad()
+            def f():
+                with torch.inference_mode():
+                    with torch.enable_grad():
+                        yield 1
+                with torch.enable_grad():
+                    with torch.autograd.set_multithreading_enabled(False):
+                        with torch.no_grad():
+                            yield 2
+        """
+        self.assertEqual(check(src), [(7, 12, "TGM003"), (11, 16, "TGM003")])
+        msgs = messages(src)
+        self.assertIn("'with torch.inference_mode()'", msgs[0])
+        self.assertIn("'with torch.autograd.set_multithreading_enabled(False)'", msgs[1])
+
+    def test_other_decorators_exempt_nothing(self):
+        src = """
+            import contextlib
+            import functools
+            import torch
+            class K:
+                @staticmethod
+                @contextlib.contextmanager
+                def f():
+                    with torch.autocast("cpu"):
+                        yield
+                @functools.cache
+                async def g(q):
+                    with torch.autograd.set_multithreading_enabled(False):
+                        await q
+        """
+        self.assertEqual(check(src), [(10, 12, "TGM001"), (14, 12, "TGM002")])
+
+    def test_enclosing_decorators_do_not_carry_inner_frames(self):
+        src = """
+            import torch
+            @torch.inference_mode()
+            def outer():
+                @torch.no_grad()
+                def inner():
+                    with torch.inference_mode():
+                        yield 1
+                with torch.inference_mode():
+                    yield inner
+        """
+        self.assertEqual(check(src), [(8, 12, "TGM003")])
+
+    def test_message_yield(self):
+        src = """
+            import torch
+            @torch.no_grad()
+            def f():
+                with torch.inference_mode():
+                    yield 1
+        """
+        self.assertEqual(messages(src), [
+            "TGM003 yield inside 'with torch.inference_mode()', which sets the whole autograd state, in a body "
+            "decorated with @torch.no_grad(), which carries only grad mode: it leaks to the caller while the "
+            "generator is suspended; a body decorated with @torch.inference_mode() would carry it"
+        ])
+
+    def test_message_await(self):
+        src = """
+            from torch import autocast
+            import torch.autograd.grad_mode as gm
+            @autocast("cpu")
+            @gm.inference_mode
+            async def f(q):
+                async with gm.set_multithreading_enabled(False):
+                    with autocast(device_type="cuda", dtype=None):
+                        await q
+        """
+        self.assertEqual(messages(src), [
+            "TGM004 await inside 'with autocast(device_type='cuda', dtype=None)', which sets cuda autocast "
+            "state, in a body decorated with @autocast('cpu') and @gm.inference_mode, which carry only the whole "
+            "autograd state and cpu autocast state: it leaks to other tasks on the event loop while the "
+            "coroutine is suspended; a body decorated with @torch.autocast(device_type='cuda', dtype=None) "
+            "would carry it"
+        ])
+
+
+class TestAutocastDevice(TestCase):
+    def test_other_device_flagged_same_device_not(self):
+        src = """
+            import torch
+            @torch.autocast("cpu")
+            def f():
+                with torch.autocast("cpu", dtype=torch.bfloat16), torch.cpu.amp.autocast():
+                    yield 1
+                with torch.autocast("cuda"):
+                    yield 2
+                with torch.cuda.amp.autocast():
+                    yield 3
+            @torch.cuda.amp.autocast()
+            async def g(q):
+                with torch.autocast(device_type="cuda", enabled=False):
+                    await q
+                with torch.amp.autocast("cpu"):
+                    await q
+        """
+        self.assertEqual(check(src), [(8, 8, "TGM003"), (10, 8, "TGM003"), (16, 8, "TGM004")])
+        self.assertIn("which carries only cpu autocast state", messages(src)[0])
+
+    def test_unknown_device_is_never_carried(self):
+        # Conservative: a device type that is not a string literal matches none.
+        src = """
+            import torch
+            @torch.autocast(dev)
+            def f(dev):
+                with torch.autocast(dev):
+                    yield 1
+            @torch.autocast("cpu")
+            def g(dev, args):
+                with torch.autocast(device_type=dev):
+                    yield 1
+                with torch.autocast(*args):
+                    yield 2
+            @torch.autocast
+            def h():
+                with torch.autocast("cpu"):
+                    yield 1
+        """
+        self.assertEqual(check(src), [(6, 8, "TGM003"), (10, 8, "TGM003"), (12, 8, "TGM003"), (16, 8, "TGM003")])
+        msgs = messages(src)
+        self.assertIn("which sets autocast state of an unknown device type, in a body decorated with "
+                      "@torch.autocast(dev), which carries no state known statically", msgs[0])
+        self.assertTrue(msgs[0].endswith(
+            "its device type is not a string literal, so no decorator is taken to carry it"), msgs[0])
+        self.assertIn("which carries no state known statically", msgs[3])
+
+    def test_unknown_device_decorator_still_a_decorated_body(self):
+        src = """
+            import torch
+            @torch.autocast(dev)
+            def f():
+                with torch.no_grad():
+                    yield 1
+        """
+        self.assertEqual(check(src), [(6, 8, "TGM003")])
+
+
+class TestUndecoratedNewKinds(TestCase):
+    """Undecorated bodies: the blocks the grad modes did not cover, under the old codes."""
+
+    def test_each_kind_and_spelling(self):
+        for item, suggest in [
+            ("torch.autograd.set_multithreading_enabled(False)", "torch.autograd.set_multithreading_enabled(False)"),
+            ("torch.autograd.grad_mode.set_multithreading_enabled(False)",
+             "torch.autograd.set_multithreading_enabled(False)"),
+            ("torch.autograd.enforce_grad_layout_policy()", "torch.autograd.grad_mode.enforce_grad_layout_policy()"),
+            ("torch.autograd._force_original_view_tracking(True)",
+             "torch.autograd.grad_mode._force_original_view_tracking(True)"),
+            ("torch.autocast('cuda')", "torch.autocast('cuda')"),
+            ("torch.amp.autocast_mode.autocast(device_type='cpu')", "torch.autocast(device_type='cpu')"),
+            ("torch.cpu.amp.autocast_mode.autocast()", "torch.cpu.amp.autocast()"),
+            ("torch.cuda.amp.autocast(dtype=torch.float16)", "torch.cuda.amp.autocast(dtype=torch.float16)"),
+        ]:
+            with self.subTest(item=item):
+                for suspension, code in [("yield 1", "TGM001"), ("await q", "TGM002")]:
+                    src, line = body([], item, suspension)
+                    self.assertEqual(check(src), [(line, 8, code)])
+                    (msg,) = messages(src)
+                    self.assertIn(f"'with {item}': the mode leaks", msg)
+                    self.assertIn(f"@{suggest} instead", msg)
+
+    def test_aliases(self):
+        for imports, item in [
+            ("from torch.cuda.amp import autocast as ca", "ca()"),
+            ("from torch import *", "autocast('cpu')"),
+            ("from torch.amp import *", "autocast('cpu')"),
+            ("from torch.autograd import *", "set_multithreading_enabled(False)"),
+            ("import torch.cpu.amp as camp", "camp.autocast()"),
+            ("from torch.autograd import grad_mode", "grad_mode._force_original_view_tracking(True)"),
+        ]:
+            with self.subTest(imports=imports, item=item):
+                src, line = body([], item, imports=imports)
+                self.assertEqual(check(src), [(line, 8, "TGM001")])
+
+    def test_private_name_not_star_imported(self):
+        imports = "from torch.autograd import *\nimport torch"
+        src, _ = body([], "_force_original_view_tracking(True)", imports=imports)
+        self.assertEqual(check(src), [])
+        src, line = body([], "torch.autograd._force_original_view_tracking(True)", imports=imports)
+        self.assertEqual(check(src), [(line, 8, "TGM001")])
 
 
 class TestAliases(TestCase):
@@ -375,6 +685,23 @@ async def coro(q):
 """
 
 
+DECORATED_SOURCE = """\
+import torch
+
+
+@torch.no_grad()
+def gen():
+    with torch.inference_mode():
+        yield 1
+
+
+@torch.autocast("cpu")
+async def coro(q):
+    with torch.autocast("cuda"):
+        await q
+"""
+
+
 def _flake8(args, cwd=REPO):
     return subprocess.run(
         [sys.executable, "-m", "flake8", *args], cwd=cwd, capture_output=True, text=True, timeout=300
@@ -408,6 +735,23 @@ class TestFlake8Subprocess(TestCase):
             f.write(BAD_SOURCE.replace("yield 1", "yield 1  # noqa: TGM001"))
         r = _flake8(["--isolated", "--select", "TGM", self.bad])
         self.assertEqual(len(r.stdout.splitlines()), 1, r.stdout)
+
+    def test_decorated_reports_and_noqa(self):
+        with open(self.bad, "w") as f:
+            f.write(DECORATED_SOURCE)
+        r = _flake8(["--isolated", "--select", "TGM", self.bad])
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 2, r.stdout + r.stderr)
+        self.assertIn(":7:9: TGM003 yield inside 'with torch.inference_mode()'", lines[0])
+        self.assertIn(":13:9: TGM004 await inside 'with torch.autocast('cuda')'", lines[1])
+        # The undecorated body's code does not silence the decorated body's.
+        with open(self.bad, "w") as f:
+            f.write(DECORATED_SOURCE.replace("yield 1", "yield 1  # noqa: TGM001").replace(
+                "await q", "await q  # noqa: TGM004"))
+        r = _flake8(["--isolated", "--select", "TGM", self.bad])
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 1, r.stdout)
+        self.assertIn(":7:9: TGM003", lines[0])
 
     def test_examples_are_clean(self):
         # The examples that keep a raw block open across an await on purpose
