@@ -4,14 +4,16 @@ The policy is a generator driven with ``send`` by the environment loop: it is
 sent an observation and yields an action.  It is decorated with
 ``@torch.no_grad()`` so that acting never builds autograd graphs, and for its
 first ``WARMUP`` steps it acts at random inside its own
-``with torch.inference_mode():`` block, which stays open across those
-``yield``\\ s.  Between two policy steps, in the caller, a learner trains the
-same network with autograd (REINFORCE on the transitions so far).
+``with torch.enable_grad():`` block, which stays open across those
+``yield``\\ s, so that its network's logits track gradients there.  Between
+two policy steps, in the caller, a learner trains the same network with
+autograd (REINFORCE on the transitions so far).
 
-With this patch the learner always runs in the caller's own mode.  On torch
-2.13.0 (``TORCH_GRADMODE_OVERLAY=0``) the policy's warm-up inference-mode block
-leaks to the caller while the policy is suspended, so the learner's steps
-during warm-up get no graph (and the environment makes inference tensors).
+With this patch the policy's block holds for all of its warm-up, and the
+learner always runs in the caller's own mode.  On torch 2.13.0
+(``TORCH_GRADMODE_OVERLAY=0``) the decorator's mode is entered afresh at every
+step, overriding the block after the first: the warm-up logits track no
+gradients after the first step.
 
 Run: ``python examples/rl_policy.py`` (``--json`` also prints the report as JSON).
 """
@@ -45,8 +47,9 @@ class Env:
 def policy(net, gen, seen):
     """Receive observations with ``send``, yield integer actions."""
     obs = yield None
-    with torch.inference_mode():  # warm-up: random actions
+    with torch.enable_grad():  # warm-up: random actions, the network's logits tracked
         for _ in range(WARMUP):
+            seen["warmup_logits_require_grad"].add(net(obs).requires_grad)
             obs = yield int(torch.randint(N_ACTIONS, (), generator=gen))
     while True:
         logits = net(obs)
@@ -89,7 +92,8 @@ def main():
     env = Env(gen)
     net = torch.nn.Linear(N_FEATURES, N_ACTIONS)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
-    seen = {"body_grad_enabled": set(), "logits_require_grad": set(), "action_requires_grad": set()}
+    seen = {"body_grad_enabled": set(), "logits_require_grad": set(), "action_requires_grad": set(),
+            "warmup_logits_require_grad": set()}
     stats = {"grad_enabled": set(), "inference_mode": set(), "steps_ok": 0, "steps_failed": 0, "first_error": None}
     buffer, rewards, inference_obs = [], [], 0
     before = greedy_accuracy(net, env)
@@ -111,6 +115,7 @@ def main():
         "policy_body_grad_enabled": sorted(seen["body_grad_enabled"]),
         "policy_logits_require_grad": sorted(seen["logits_require_grad"]),
         "policy_actions_require_grad": sorted(seen["action_requires_grad"]),
+        "policy_warmup_logits_require_grad": sorted(seen["warmup_logits_require_grad"]),
         "learner_grad_enabled": sorted(stats["grad_enabled"]),
         "learner_inference_mode": sorted(stats["inference_mode"]),
         "learner_steps_ok": stats["steps_ok"],
@@ -126,6 +131,7 @@ def main():
         report["policy_body_grad_enabled"] == [False]
         and report["policy_logits_require_grad"] == [False]
         and report["policy_actions_require_grad"] == [False]
+        and report["policy_warmup_logits_require_grad"] == [True]
         and report["learner_grad_enabled"] == [True]
         and report["learner_inference_mode"] == [False]
         and report["learner_steps_failed"] == 0
@@ -140,7 +146,8 @@ if __name__ == "__main__":
     print(f"torch/utils/_contextlib.py: {result['contextlib']}")
     print(f"policy body: grad enabled {result['policy_body_grad_enabled']}, "
           f"logits require grad {result['policy_logits_require_grad']}, "
-          f"actions require grad {result['policy_actions_require_grad']}")
+          f"actions require grad {result['policy_actions_require_grad']}, "
+          f"warm-up logits require grad {result['policy_warmup_logits_require_grad']}")
     print(f"learner: grad enabled {result['learner_grad_enabled']}, "
           f"inference mode {result['learner_inference_mode']}, "
           f"{result['learner_steps_ok']} steps ok, {result['learner_steps_failed']} failed"
