@@ -1,13 +1,19 @@
 # Owner(s): ["module: autograd"]
 """Grad-mode decorators on coroutines and async generators.
 
-A grad mode (no_grad, enable_grad, set_grad_enabled, inference_mode) used as
-a decorator covers each step of an ``async def`` coroutine or async generator:
-the body starts from its caller's autograd state with the decorator applied,
-keeps the mode blocks it opens across its own ``await``/``yield``, and whoever
-steps it (an event loop's task, or a caller sending to it) gets exactly its
-own autograd state back after every step.  Any other decorating context is
-entered afresh around each step and owns no autograd state.
+A grad mode used as a decorator covers each step of an ``async def``
+coroutine or async generator for the state its own ``with`` block sets: grad
+mode for no_grad, enable_grad and set_grad_enabled, its one flag for
+set_multithreading_enabled, enforce_grad_layout_policy and
+_force_original_view_tracking, and the whole autograd state for
+inference_mode.  The body starts from its caller's state with the decorator
+entered at its first step, keeps its own changes to that state across its
+``await``/``yield``, and whoever steps it (an event loop's task, or a caller
+sending to it) gets its own back after every step.  Any other state the body
+sees and changes exactly as the undecorated body would, so each test of state
+compares the whole autograd state with the undecorated body's, where only the
+part the decorator carries may differ.  Any other decorating context is
+entered afresh around each step.
 
 Most bodies here are written once, as a plain generator function (a
 "script"), and run as each kind of function by ``of_kind``; ``start`` steps
@@ -49,19 +55,8 @@ _DYNAMO_SKIP = "checks thread state around eagerly stepped suspended bodies"
 
 KINDS = ("coroutine", "async_generator")
 
-# The context each grad-mode decorator applies; "no_grad_bare" is @torch.no_grad.
-DECORATORS = {
-    "no_grad": torch.no_grad,
-    "no_grad_bare": torch.no_grad,
-    "enable_grad": torch.enable_grad,
-    "set_grad_enabled_False": lambda: torch.set_grad_enabled(False),
-    "set_grad_enabled_True": lambda: torch.set_grad_enabled(True),
-    "inference_mode": torch.inference_mode,
-    "inference_mode_False": lambda: torch.inference_mode(False),
-}
-
-# The whole autograd state of a thread: the flags a grad mode owns, and the
-# local dispatch key sets whose bits inference mode toggles.
+# The whole autograd state of a thread: its flags, and the local dispatch key
+# sets whose bits inference mode toggles.
 _STATE_QUERIES = (
     torch.is_grad_enabled,
     torch.is_inference_mode_enabled,
@@ -74,10 +69,52 @@ _STATE_QUERIES = (
     torch._C._dispatch_tls_local_exclude_set,
 )
 
+# Each decorator: the context it applies, and the part of the autograd state
+# its block sets, which the bodies it decorates carry.  "no_grad_bare" is
+# @torch.no_grad.
+_GRAD_MODE = (torch.is_grad_enabled,)
+DECORATORS = {
+    "no_grad": (torch.no_grad, _GRAD_MODE),
+    "no_grad_bare": (torch.no_grad, _GRAD_MODE),
+    "enable_grad": (torch.enable_grad, _GRAD_MODE),
+    "set_grad_enabled_False": (lambda: torch.set_grad_enabled(False), _GRAD_MODE),
+    "set_grad_enabled_True": (lambda: torch.set_grad_enabled(True), _GRAD_MODE),
+    "set_multithreading_enabled": (
+        lambda: set_multithreading_enabled(False),
+        (torch._C._is_multithreading_enabled,),
+    ),
+    "force_original_view_tracking": (
+        lambda: _force_original_view_tracking(True),
+        (torch._C._is_view_replay_enabled,),
+    ),
+    "enforce_grad_layout_policy": (
+        lambda: enforce_grad_layout_policy(False),
+        (torch._C._is_grad_layout_enforcement_enabled,),
+    ),
+    "inference_mode": (torch.inference_mode, _STATE_QUERIES),
+    "inference_mode_False": (lambda: torch.inference_mode(False), _STATE_QUERIES),
+}
+
+# Blocks that each flip one flag a single-flag decorator sets: entered
+# together, they change the state each decorator carries and, but for
+# inference_mode's (all of it), some state it does not.
+FLAG_BLOCKS = (
+    lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
+    lambda: set_multithreading_enabled(not torch._C._is_multithreading_enabled()),
+    lambda: _force_original_view_tracking(not torch._C._is_view_replay_enabled()),
+    lambda: enforce_grad_layout_policy(
+        not torch._C._is_grad_layout_enforcement_enabled()
+    ),
+)
+
 
 def no_multithreading():
     return set_multithreading_enabled(False)
 
+
+# A caller's graph execution group: one for every run, so that the state of
+# an undecorated body and of the decorated one name the same group.
+CALLER_GROUP = GraphExecGroup()
 
 # Modes a caller steps a body from: the contexts to enter, in order.
 CALLER_MODES = (
@@ -89,12 +126,27 @@ CALLER_MODES = (
     (lambda: _force_original_view_tracking(True), torch.no_grad),
     (lambda: fwAD._set_fwd_grad_enabled(False),),
     (lambda: enforce_grad_layout_policy(False), torch.inference_mode),
-    (GraphExecGroup,),
+    (lambda: CALLER_GROUP,),
+    FLAG_BLOCKS,
 )
 
 
 def autograd_state():
     return tuple(repr(query()) for query in _STATE_QUERIES)
+
+
+def as_carried(decorator, state, own):
+    """*state* with the part of it that *decorator* carries taken from *own*.
+
+    Where the undecorated body (or its caller) sees *state*, the decorated
+    body (or its caller) sees this, *own* being the state the decorated body
+    (or its caller) keeps for itself.
+    """
+    carried = DECORATORS[decorator][1]
+    return tuple(
+        mine if query in carried else theirs
+        for query, theirs, mine in zip(_STATE_QUERIES, state, own)
+    )
 
 
 @contextlib.contextmanager
@@ -105,15 +157,26 @@ def enter_all(contexts):
         yield
 
 
+@contextlib.contextmanager
+def state_restored():
+    """After the block, put the thread's whole autograd state back as it was
+    before it, whatever blocks the bodies stepped in it left open."""
+    saved = torch._C._get_autograd_mode_state()
+    try:
+        yield
+    finally:
+        torch._C._swap_autograd_mode_state(saved)
+
+
 def decorate(decorator, func):
     if decorator == "no_grad_bare":
         return torch.no_grad(func)
-    return DECORATORS[decorator]()(func)
+    return DECORATORS[decorator][0]()(func)
 
 
 def state_under(decorator, *blocks):
     """The state a body starts in when called now, after opening *blocks*."""
-    with DECORATORS[decorator](), enter_all(blocks):
+    with DECORATORS[decorator][0](), enter_all(blocks):
         return autograd_state()
 
 
@@ -200,6 +263,22 @@ async def run_in_task(kind, func):
         await asyncio.sleep(0)
 
 
+def step_in_each_caller_mode(body):
+    """Step *body* to its end from each caller mode in turn; return its result
+    and the caller's state before and after each step."""
+    steps = []
+    for contexts in itertools.cycle(CALLER_MODES):
+        with enter_all(contexts):
+            before = autograd_state()
+            try:
+                body.send(None)
+            except StopIteration as stop:
+                return stop.value, steps
+            finally:
+                steps.append((before, autograd_state()))
+    raise AssertionError("unreachable")
+
+
 class Boom(Exception):
     pass
 
@@ -209,7 +288,7 @@ class Payload:
 
 
 class Counting(_DecoratorContextManager):
-    """A context that is not a grad mode: it only logs being entered and left."""
+    """A context that carries nothing: it only logs being entered and left."""
 
     def __init__(self, log):
         self.log = log
@@ -235,7 +314,7 @@ def counting(log):
 
 def loud_no_grad(log):
     class LoudNoGrad(torch.no_grad):
-        """Overrides __enter__, so it is no longer a grad mode."""
+        """Overrides __enter__ and declares nothing, so it carries nothing."""
 
         def __enter__(self):
             log.append("enter")
@@ -244,8 +323,8 @@ def loud_no_grad(log):
     return LoudNoGrad()
 
 
-# Contexts that are not grad modes, as decorators: name -> (make the
-# decorator from a log, the grad mode the body sees for a caller's).
+# Contexts that carry nothing, as decorators: name -> (make the decorator
+# from a log, the grad mode the body sees for a caller's).
 OTHER_CONTEXTS = {
     "set_stance": (lambda log: torch.compiler.set_stance("force_eager"), None),
     "DecoratorContextManager": (Counting, None),
@@ -270,57 +349,66 @@ class AsyncAutogradStateTestCase(TestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
-    def step_in_each_caller_mode(self, body):
-        """Step *body* to its end from each caller mode in turn, checking each
-        step gives the caller back its whole state; return the body's result."""
-        for contexts in itertools.cycle(CALLER_MODES):
-            with enter_all(contexts):
-                before = autograd_state()
-                try:
-                    body.send(None)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    self.assertEqual(autograd_state(), before)
+    def assert_callers_get_their_own_back(self, decorator, steps, undecorated):
+        """Each caller of the decorated body gets the part of the state the
+        decorator carries back as it was before its step, and the rest as the
+        undecorated body's caller does (*undecorated*)."""
+        expected = [
+            (
+                as_carried(decorator, ref_before, before),
+                as_carried(decorator, ref_after, before),
+            )
+            for (before, _), (ref_before, ref_after) in zip(steps, undecorated)
+        ]
+        self.assertEqual(len(steps), len(undecorated))
+        self.assertEqual(steps, expected)
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_body_keeps_its_own_blocks(self, decorator, kind):
-        seen = []
-
-        def script():
+    def test_body_keeps_its_own_blocks_and_sees_the_rest_as_undecorated(
+        self, decorator, kind
+    ):
+        def script(seen):
             seen.append(autograd_state())
-            with torch.set_grad_enabled(not torch.is_grad_enabled()):
-                with no_multithreading():
-                    for _ in CALLER_MODES:
-                        seen.append(autograd_state())
-                        yield
+            with enter_all(FLAG_BLOCKS):
+                for _ in CALLER_MODES:
                     seen.append(autograd_state())
+                    yield
+                seen.append(autograd_state())
             seen.append(autograd_state())
             return "done"  # noqa: B901 (the result, in StopIteration)
 
+        runs = []
+        for decorated in (False, True):
+            func = of_kind(kind, script)
+            func = decorate(decorator, func) if decorated else func
+            seen = []
+            with state_restored(), torch.inference_mode():
+                result, steps = step_in_each_caller_mode(start(kind, func, seen))
+            runs.append((seen, steps, result))
         with torch.inference_mode():
             first = state_under(decorator)
-            body = start(kind, decorate(decorator, of_kind(kind, script)))
-            result = self.step_in_each_caller_mode(body)
+            inside = state_under(decorator, *FLAG_BLOCKS)
+        (undecorated, undecorated_steps, _), (seen, steps, result) = runs
         if kind == "coroutine":
             self.assertEqual(result, "done")
-        self.assertEqual(seen[0], first)
-        inside = seen[1]
-        self.assertNotEqual(inside, first)
-        self.assertEqual(seen[1:-1], [inside] * (len(CALLER_MODES) + 1))
-        self.assertEqual(seen[-1], first)
+        own = [first] + [inside] * (len(CALLER_MODES) + 1) + [first]
+        self.assertEqual(len(seen), len(own))
+        self.assertEqual(
+            seen, [as_carried(decorator, s, o) for s, o in zip(undecorated, own)]
+        )
+        self.assert_callers_get_their_own_back(decorator, steps, undecorated_steps)
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
-    def test_caller_gets_its_own_state_back(self, decorator, kind):
+    def test_caller_gets_its_own_state_back_and_the_rest_as_undecorated(
+        self, decorator, kind
+    ):
+        group = GraphExecGroup()  # one for both runs: the state shows which
         body_blocks = (
             lambda: torch.inference_mode(not torch.is_inference_mode_enabled()),
-            lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
-            no_multithreading,
-            lambda: _force_original_view_tracking(True),
+            *FLAG_BLOCKS,
             lambda: fwAD._set_fwd_grad_enabled(False),
-            lambda: enforce_grad_layout_policy(False),
         )
 
         def script():
@@ -328,26 +416,71 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
                 for block in body_blocks:
                     stack.enter_context(block())
                     yield
-                torch._C._set_graph_exec_group(GraphExecGroup())
-                torch._C._set_grad_enabled(not torch.is_grad_enabled())
+                torch._C._set_graph_exec_group(group)
+                for block in FLAG_BLOCKS:  # the function forms, never undone
+                    block()
                 yield
 
-        body = start(kind, decorate(decorator, of_kind(kind, script)))
-        self.step_in_each_caller_mode(body)
+        runs = []
+        for decorated in (False, True):
+            func = of_kind(kind, script)
+            func = decorate(decorator, func) if decorated else func
+            with state_restored():
+                runs.append(step_in_each_caller_mode(start(kind, func))[1])
+        undecorated, steps = runs
+        self.assert_callers_get_their_own_back(decorator, steps, undecorated)
+
+    @parametrize("kind", KINDS)
+    @parametrize("decorator", DECORATORS)
+    def test_state_it_does_not_carry_is_its_callers_as_undecorated(
+        self, decorator, kind
+    ):
+        # Between two steps the caller changes each part of the state in turn.
+        group = GraphExecGroup()
+        callers = (
+            *FLAG_BLOCKS,
+            torch.inference_mode,
+            lambda: fwAD._set_fwd_grad_enabled(False),
+            lambda: group,
+        )
+
+        def script(seen):
+            while True:
+                seen.append(autograd_state())
+                yield
+
+        runs = []
+        for decorated in (False, True):
+            func = of_kind(kind, script)
+            func = decorate(decorator, func) if decorated else func
+            seen = []
+            body = start(kind, func, seen)
+            body.send(None)
+            for caller in callers:
+                with caller():
+                    body.send(None)
+            body.close()
+            runs.append(seen)
+        undecorated, seen = runs
+        own = state_under(decorator)
+        self.assertEqual(len(seen), len(callers) + 1)
+        self.assertEqual(seen, [as_carried(decorator, s, own) for s in undecorated])
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
     def test_tasks_on_one_loop_keep_their_own_state(self, decorator, kind):
-        seen = {}
+        blocks = {
+            "a": torch.no_grad,
+            "b": torch.inference_mode,
+            "c": no_multithreading,
+            "d": lambda: enter_all(FLAG_BLOCKS),
+        }
 
-        def script(name, block):
+        def script(seen, block):
             with block():
                 for _ in range(4):
-                    seen.setdefault(name, []).append(autograd_state())
+                    seen.append(autograd_state())
                     yield
-
-        def body(name, block):
-            return decorate(decorator, of_kind(kind, lambda: script(name, block)))
 
         async def noise():  # undecorated, holds a different mode at each await
             await asyncio.sleep(0)  # once the bodies have started from ours
@@ -355,60 +488,82 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
                 with enter_all(contexts):
                     await asyncio.sleep(0)
 
-        async def main():
-            await asyncio.gather(
-                run_in_task(kind, body("a", torch.no_grad)),
-                run_in_task(kind, body("b", torch.inference_mode)),
-                noise(),
-                run_in_task(kind, body("c", no_multithreading)),
-            )
+        async def main(decorated):
+            seen = {name: [] for name in blocks}
+            bodies = []
+            for name, block in blocks.items():
+                func = of_kind(kind, functools.partial(script, seen[name], block))
+                func = decorate(decorator, func) if decorated else func
+                bodies.append(run_in_task(kind, func))
+            await asyncio.gather(*bodies[:2], noise(), *bodies[2:])
+            return seen
 
-        expected = {
-            "a": state_under(decorator, torch.no_grad),
-            "b": state_under(decorator, torch.inference_mode),
-            "c": state_under(decorator, no_multithreading),
-        }
+        runs = []
         before = autograd_state()
-        asyncio.run(main())
-        self.assertEqual(autograd_state(), before)
-        self.assertEqual(seen, {name: [s] * 4 for name, s in expected.items()})
+        for decorated in (False, True):
+            with state_restored():
+                seen = asyncio.run(main(decorated))
+                runs.append((seen, autograd_state()))
+        (undecorated, undecorated_after), (seen, after) = runs
+        self.assertEqual(after, as_carried(decorator, undecorated_after, before))
+        expected = {
+            name: [
+                as_carried(decorator, s, state_under(decorator, blocks[name]))
+                for s in undecorated[name]
+            ]
+            for name in blocks
+        }
+        self.assertEqual(seen, expected)
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
     def test_send_throw_close(self, decorator, kind):
-        log = []
-
-        def script():
-            mode = autograd_state()
+        def script(log):
+            log.append(("started", autograd_state()))
             try:
-                log.append((yield "first"))
+                log.append(((yield "first"), autograd_state()))
                 try:
                     yield "second"
                 except Boom:
-                    log.append(("caught", autograd_state() == mode))
+                    log.append(("caught", autograd_state()))
                 yield "third"
             finally:
-                log.append(("finally", autograd_state() == mode))
+                log.append(("finally", autograd_state()))
 
-        body = start(kind, decorate(decorator, of_kind(kind, script)))
+        group = GraphExecGroup()
+        runs = []
+        for decorated in (False, True):
+            func = of_kind(kind, script)
+            func = decorate(decorator, func) if decorated else func
+            log = []
+            body = start(kind, func, log)
+            with torch.inference_mode():
+                self.assertEqual(body.send(None), "first")
+            with enter_all(FLAG_BLOCKS):
+                self.assertEqual(body.send("sent"), "second")
+                before = autograd_state()
+                self.assertEqual(body.throw(Boom()), "third")
+                self.assertEqual(autograd_state(), before)
+            with no_multithreading(), group:
+                before = autograd_state()
+                body.close()
+                self.assertEqual(autograd_state(), before)
+            runs.append(log)
+        undecorated, log = runs
         with torch.inference_mode():
-            self.assertEqual(body.send(None), "first")
-        with torch.no_grad():
-            self.assertEqual(body.send("sent"), "second")
-            before = autograd_state()
-            self.assertEqual(body.throw(Boom()), "third")
-            self.assertEqual(autograd_state(), before)
-        with no_multithreading():
-            before = autograd_state()
-            body.close()
-            self.assertEqual(autograd_state(), before)
-        self.assertEqual(log, ["sent", ("caught", True), ("finally", True)])
+            own = state_under(decorator)
+        self.assertEqual(
+            [tag for tag, _ in undecorated], ["started", "sent", "caught", "finally"]
+        )
+        self.assertEqual(
+            log,
+            [(tag, as_carried(decorator, state, own)) for tag, state in undecorated],
+        )
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
     def test_exceptions_propagate_unchanged(self, decorator, kind):
-        def script(exc, where):
-            mode = autograd_state()
+        def script(exc, where, log):
             if where == "raised on entry":
                 raise exc
             try:
@@ -416,85 +571,115 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
                 if where == "raised on resume":
                     raise exc
             except BaseException:
-                self.assertEqual(autograd_state(), mode)
+                log.append(autograd_state())
                 raise
 
         errors = (Boom, KeyboardInterrupt, SystemExit, GeneratorExit)
         wheres = ("raised on entry", "raised on resume", "thrown in")
+        own = state_under(decorator)
         for error, where in itertools.product(errors, wheres):
             with self.subTest(error=error.__name__, where=where):
-                exc = error("the original")
-                func = decorate(decorator, of_kind(kind, script))
-                body = start(kind, func, exc, where)
-                if where != "raised on entry":
-                    body.send(None)  # to the yield
-                with torch.inference_mode():
-                    before = autograd_state()
-                    with self.assertRaises(error) as caught:
-                        body.throw(exc) if where == "thrown in" else body.send(None)
-                    self.assertIs(caught.exception, exc)
-                    self.assertEqual(autograd_state(), before)
+                runs = []
+                for decorated in (False, True):
+                    exc = error("the original")
+                    func = of_kind(kind, script)
+                    func = decorate(decorator, func) if decorated else func
+                    log = []
+                    body = start(kind, func, exc, where, log)
+                    if where != "raised on entry":
+                        body.send(None)  # to the yield
+                    with torch.inference_mode(), enter_all(FLAG_BLOCKS):
+                        before = autograd_state()
+                        with self.assertRaises(error) as caught:
+                            if where == "thrown in":
+                                body.throw(exc)
+                            else:
+                                body.send(None)
+                        self.assertIs(caught.exception, exc)
+                        self.assertEqual(autograd_state(), before)
+                    runs.append(log)
+                undecorated, log = runs
+                self.assertEqual(len(undecorated), where != "raised on entry")
+                self.assertEqual(
+                    log, [as_carried(decorator, s, own) for s in undecorated]
+                )
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
     def test_close_and_finalisation_run_in_the_body_mode(self, decorator, kind):
-        for end in ("closed", "dropped"):
-            with self.subTest(end=end):
-                log = []
+        group = GraphExecGroup()
 
-                def script():
-                    with no_multithreading():
-                        try:
-                            log.append(autograd_state())
-                            yield
-                        finally:
-                            log.append(autograd_state())
-
-                body = start(kind, decorate(decorator, of_kind(kind, script)))
-                body.send(None)
-                with torch.inference_mode(), GraphExecGroup():
-                    before = autograd_state()
-                    if end == "closed":
-                        body.close()
-                    else:
-                        del body
-                    self.assertEqual(autograd_state(), before)
-                self.assertEqual(log, [log[0]] * 2)
-                self.assertEqual(log[0], state_under(decorator, no_multithreading))
-
-    @parametrize("decorator", DECORATORS)
-    def test_asyncio_run_closes_a_suspended_async_generator_in_its_mode(
-        self, decorator
-    ):
-        log = []
-        alive = []
-
-        async def agen():
-            with no_multithreading():
+        def script(log):
+            with enter_all(FLAG_BLOCKS):
                 try:
                     log.append(autograd_state())
                     yield
                 finally:
                     log.append(autograd_state())
 
-        async def main():
-            alive.append(decorate(decorator, agen)())
+        inside = state_under(decorator, *FLAG_BLOCKS)
+        for end in ("closed", "dropped"):
+            with self.subTest(end=end):
+                runs = []
+                for decorated in (False, True):
+                    func = of_kind(kind, script)
+                    func = decorate(decorator, func) if decorated else func
+                    log = []
+                    with state_restored():
+                        body = start(kind, func, log)
+                        body.send(None)
+                        with torch.inference_mode(), group:
+                            before = autograd_state()
+                            if end == "closed":
+                                body.close()
+                            else:
+                                del body
+                            after = autograd_state()
+                    runs.append((log, (before, after)))
+                (undecorated, undecorated_step), (log, step) = runs
+                self.assertEqual(len(undecorated), 2)
+                self.assertEqual(
+                    log, [as_carried(decorator, s, inside) for s in undecorated]
+                )
+                self.assert_callers_get_their_own_back(
+                    decorator, [step], [undecorated_step]
+                )
+
+    @parametrize("decorator", DECORATORS)
+    def test_asyncio_run_closes_a_suspended_async_generator_in_its_mode(
+        self, decorator
+    ):
+        async def agen(log):
+            with enter_all(FLAG_BLOCKS):
+                try:
+                    log.append(autograd_state())
+                    yield
+                finally:
+                    log.append(autograd_state())
+
+        async def main(func, log, alive):
+            alive.append(func(log))
             await alive[0].asend(None)  # left suspended for the loop to close
 
-        asyncio.run(main())
-        self.assertEqual(log, [log[0]] * 2)
-        self.assertEqual(log[0], state_under(decorator, no_multithreading))
+        runs = []
+        for func in (agen, decorate(decorator, agen)):
+            log = []
+            with state_restored():
+                asyncio.run(main(func, log, []))
+            runs.append(log)
+        undecorated, log = runs
+        inside = state_under(decorator, *FLAG_BLOCKS)
+        self.assertEqual(len(undecorated), 2)
+        self.assertEqual(log, [as_carried(decorator, s, inside) for s in undecorated])
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)
     def test_cancellation_is_delivered_in_the_body_mode(self, decorator, kind):
-        log = []
-
         async def wait_forever():
             await asyncio.get_running_loop().create_future()
 
-        async def coroutine():
-            with no_multithreading():
+        async def coroutine(log):
+            with enter_all(FLAG_BLOCKS):
                 log.append(autograd_state())
                 try:
                     await wait_forever()
@@ -502,25 +687,32 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
                     log.append(autograd_state())
                     raise
 
-        async def async_generator():
-            await coroutine()
+        async def async_generator(log):
+            await coroutine(log)
             yield
 
-        funcs = {"coroutine": coroutine, "async_generator": async_generator}
-
-        async def main():
-            func = decorate(decorator, funcs[kind])
-            task = asyncio.create_task(run_in_task(kind, func))
+        async def main(func, log):
+            task = asyncio.create_task(run_in_task(kind, lambda: func(log)))
             await asyncio.sleep(0)
             with torch.inference_mode():
                 before = autograd_state()
                 task.cancel()
                 with self.assertRaises(asyncio.CancelledError):
                     await task
-                self.assertEqual(autograd_state(), before)
+                return before, autograd_state()
 
-        asyncio.run(main())
-        self.assertEqual(log, [state_under(decorator, no_multithreading)] * 2)
+        funcs = {"coroutine": coroutine, "async_generator": async_generator}
+        runs = []
+        for func in (funcs[kind], decorate(decorator, funcs[kind])):
+            log = []
+            with state_restored():
+                step = asyncio.run(main(func, log))
+            runs.append((log, step))
+        (undecorated, undecorated_step), (log, step) = runs
+        inside = state_under(decorator, *FLAG_BLOCKS)
+        self.assertEqual(len(undecorated), 2)
+        self.assertEqual(log, [as_carried(decorator, s, inside) for s in undecorated])
+        self.assert_callers_get_their_own_back(decorator, [step], [undecorated_step])
 
     @parametrize("kind", KINDS)
     def test_keeps_kind_and_metadata(self, kind):
@@ -563,7 +755,7 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
-    """Contexts that are not grad modes are entered afresh around each step."""
+    """Contexts that carry nothing are entered afresh around each step."""
 
     @parametrize("kind", KINDS)
     @parametrize("context", OTHER_CONTEXTS)
@@ -589,39 +781,58 @@ class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
             self.assertEqual(log.count("enter"), len(callers) + 1)  # and close
 
     @parametrize("kind", KINDS)
-    @parametrize("override", ["nothing", "clone", "__init__"])
-    def test_subclass_is_a_grad_mode_unless_it_overrides_how_it_is_made(
+    @parametrize(
+        "override",
+        ["nothing", "clone", "__init__", "__enter__", "__exit__", "declared"],
+    )
+    def test_subclass_carries_unless_it_overrides_enter_or_exit_undeclared(
         self, override, kind
     ):
-        # Overriding clone or __init__ (or __enter__/__exit__) may do more
-        # than set the autograd state: such a subclass is entered per step.
+        # Overriding __enter__ or __exit__ may set more than the parent's
+        # state: unless the subclass declares what it carries ("declared"
+        # overrides __enter__ and declares its parent's), it is entered per
+        # step.  Overriding clone or __init__ keeps the carry.
         namespace = {
             "nothing": {},
             "clone": {"clone": lambda self: type(self)()},
             "__init__": {"__init__": lambda self: torch.no_grad.__init__(self)},
+            "__enter__": {"__enter__": lambda self: torch.no_grad.__enter__(self)},
+            "__exit__": {
+                "__exit__": lambda self, *exc: torch.no_grad.__exit__(self, *exc)
+            },
+            "declared": {
+                "__enter__": lambda self: torch.no_grad.__enter__(self),
+                "_carried_state": torch.no_grad._carried_state,
+            },
         }[override]
         subclass = type("NoGradSubclass", (torch.no_grad,), namespace)
 
+        def state():
+            return torch.is_grad_enabled(), torch._C._is_multithreading_enabled()
+
         def script():
-            seen = [torch.is_grad_enabled()]
+            seen = [state()]
             with torch.enable_grad():
                 yield
-                seen.append(torch.is_grad_enabled())
-            seen.append(torch.is_grad_enabled())
+                seen.append(state())
+            seen.append(state())
             yield seen
 
         body = start(kind, subclass()(of_kind(kind, script)))
         body.send(None)
-        with torch.no_grad():
+        with torch.no_grad(), no_multithreading():
             seen = body.send(None)
-            self.assertFalse(torch.is_grad_enabled())
-        self.assertTrue(torch.is_grad_enabled())
+            self.assertEqual(state(), (False, False))
+        self.assertEqual(state(), (True, True))
         body.close()
-        # Entered afresh per step, the body's block does not survive its yield.
-        expected = (
-            [False, True, False] if override == "nothing" else [False, False, False]
-        )
+        # Entered afresh per step, the body's block does not survive its
+        # yield; either way the multithreading flag is its caller's.
+        carries = override not in ("__enter__", "__exit__")
+        expected = [(False, True), (carries, False), (False, False)]
         self.assertEqual(seen, expected)
+        # A plain function runs in the mode, with or without the fast path.
+        self.assertFalse(subclass()(lambda: torch.is_grad_enabled())())
+        self.assertTrue(torch.is_grad_enabled())
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
@@ -767,6 +978,49 @@ class TestGradModeSuspendAsyncFixes(AsyncAutogradStateTestCase):
 
         asyncio.run(main())
         self.assertEqual(log, [False, False])
+
+    @parametrize("kind", KINDS)
+    def test_no_grad_body_sees_multithreading_another_task_sets_between_awaits(
+        self, kind
+    ):
+        # no_grad carries grad mode only: a body it decorates sees the
+        # multithreading flag as the loop's thread has it at each step, as
+        # the undecorated body does, not as it was when it started.
+        async def coroutine(seen):
+            for _ in range(3):
+                seen.append(autograd_state())
+                await asyncio.sleep(0)
+            seen.append(autograd_state())
+
+        async def async_generator(seen):
+            for _ in range(3):
+                seen.append(autograd_state())
+                yield
+            seen.append(autograd_state())
+
+        async def other():  # steps between the body's steps
+            for enabled in (False, True, False):
+                torch._C._set_multithreading_enabled(enabled)
+                await asyncio.sleep(0)
+
+        async def main(func, seen):
+            await asyncio.gather(run_in_task(kind, lambda: func(seen)), other())
+
+        func = {"coroutine": coroutine, "async_generator": async_generator}[kind]
+        runs = []
+        for body in (func, torch.no_grad()(func)):
+            seen = []
+            with state_restored():
+                asyncio.run(main(body, seen))
+            runs.append(seen)
+        undecorated, seen = runs
+        multithreading = _STATE_QUERIES.index(torch._C._is_multithreading_enabled)
+        self.assertEqual(
+            [state[multithreading] for state in seen],
+            ["True", "False", "True", "False"],
+        )
+        own = state_under("no_grad")
+        self.assertEqual(seen, [as_carried("no_grad", s, own) for s in undecorated])
 
 
 instantiate_parametrized_tests(TestGradModeSuspendAsync)
