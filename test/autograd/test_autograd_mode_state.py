@@ -311,9 +311,7 @@ class TestGradModeSuspendInferenceMode(TestCase):
         body.close()
 
     @parametrize("decorator", INFERENCE_DECORATORS)
-    def test_body_starts_from_the_callers_state_in_the_decorators_mode(
-        self, decorator
-    ):
+    def test_body_starts_from_the_callers_state_in_the_decorators_mode(self, decorator):
         def gen():
             yield autograd_state()
 

@@ -27,7 +27,7 @@ class TestGradModeDecoratedCalls(TestCase):
         }[make]()
         decorated = decorator(mode)
         self.assertEqual(decorated(), (False, make == "inference_mode"))
-        decorator.mode = True if make == "set_grad_enabled" else False
+        decorator.mode = not decorator.mode
         self.assertEqual(decorated(), (True, False))
         self.assertEqual(mode(), (True, False))
 

@@ -16,18 +16,8 @@ def _flag_state(is_enabled, set_enabled):
     return is_enabled, swap
 
 
-# What each mode's block sets, and so what a body it decorates carries between steps.
+# What the grad modes' blocks set, and so what a body they decorate carries.
 _GRAD_MODE_STATE = _flag_state(torch._C.is_grad_enabled, torch._C._set_grad_enabled)
-_MULTITHREADING_STATE = _flag_state(
-    torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
-)
-_GRAD_LAYOUT_STATE = _flag_state(
-    torch._C._is_grad_layout_enforcement_enabled,
-    torch._C._set_grad_layout_enforcement_enabled,
-)
-_VIEW_REPLAY_STATE = _flag_state(
-    torch._C._is_view_replay_enabled, torch._C._set_view_replay_enabled
-)
 _INFERENCE_MODE_STATE = (
     torch._C._get_autograd_mode_state,
     torch._C._swap_autograd_mode_state,
@@ -84,7 +74,9 @@ class inference_mode(_DecoratorContextManager):
 
 
 class set_multithreading_enabled(_DecoratorContextManager):
-    _carried_state = _MULTITHREADING_STATE
+    _carried_state = _flag_state(
+        torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
+    )
 
     def __init__(self, mode: bool) -> None: ...
 
@@ -96,8 +88,13 @@ class set_multithreading_enabled(_DecoratorContextManager):
 
 
 class enforce_grad_layout_policy(_DecoratorContextManager):
-    _carried_state = _GRAD_LAYOUT_STATE
+    _carried_state = _flag_state(
+        torch._C._is_grad_layout_enforcement_enabled,
+        torch._C._set_grad_layout_enforcement_enabled,
+    )
 
 
 class _force_original_view_tracking(_DecoratorContextManager):
-    _carried_state = _VIEW_REPLAY_STATE
+    _carried_state = _flag_state(
+        torch._C._is_view_replay_enabled, torch._C._set_view_replay_enabled
+    )

@@ -6,7 +6,6 @@ import inspect
 import sys
 import types
 import warnings
-from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -60,35 +59,34 @@ def _driver(start):
 
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
-        del args, kwargs  # an athrow awaitable's exception holds this frame
+        del args, kwargs  # the body may drop them
         if body.ctx is None and body.swap and _traced():
             body.swap = None
-        swap = body.swap
         method, arg, responses = it.send, None, []
         try:
             while True:
-                if swap:
+                if body.swap:
                     if body.ctx is None:
                         body.enter()
-                    caller = swap(body.state)
+                    caller = body.swap(body.state)
                     try:
                         responses.append(method(arg))
                     finally:
-                        body.state, caller = swap(caller), None
+                        body.state, caller = body.swap(caller), None
                 else:
                     with body.ctx_factory():
                         responses.append(method(arg))
+                    if not responses:
+                        return  # the context suppressed what ended the body
                 arg = None
                 try:
-                    # Popped as it is handed over, so that this frame does not
-                    # keep it: the caller may drop it.
+                    # Popped as it is handed over: the caller may drop it.
                     arg = yield responses.pop()
                 except BaseException as exc:
                     if type(exc) is GeneratorExit and not getattr(it, "cr_frame", 1):
                         raise  # a coroutine the collector finalised first
-                    if type(exc) is GeneratorExit and not swap:
-                        # As before: closed inside the context, whose __exit__
-                        # sees a clean close.
+                    if type(exc) is GeneratorExit and not body.swap:
+                        # Closed in the context, as before: __exit__ sees no exception.
                         with body.ctx_factory():
                             it.close()
                         raise
@@ -201,23 +199,21 @@ def _call_with_grad_mode(ctx, func, mode=None):
 
 def _call_in_inference_mode(ctx, func):
     """Wrap *func* to run in the inference mode *ctx* sets, as a ``with`` block would, at less cost."""
-    ctx_factory = ctx.clone  # a bound method, which Dynamo models
 
     @functools.wraps(func)
     def decorate_context(*args, **kwargs):
         traced = torch.compiler.is_dynamo_compiling()  # Dynamo cannot trace the guard
-        with ctx_factory() if traced else torch._C._InferenceMode(ctx.mode):
+        with ctx.clone() if traced else torch._C._InferenceMode(ctx.mode):
             return func(*args, **kwargs)
 
     return decorate_context
 
 
-def _carried_state(ctx):
-    """The state *ctx*'s block sets, as declared by the class that defines its ``__enter__`` or ``__exit__``."""
+def _declared(ctx, name, methods=("__enter__", "__exit__")):
+    """*name* as the first class of *ctx*'s to declare it or define one of *methods* has it."""
     for klass in type(ctx).__mro__:
-        if "__enter__" in vars(klass) or "__exit__" in vars(klass):
-            return vars(klass).get("_carried_state")
-    return None
+        if vars(klass).keys() & {name, *methods}:
+            return vars(klass).get(name)
 
 
 def context_decorator(ctx, func, *, carried=None, wrap_call=None):
@@ -265,9 +261,6 @@ def context_decorator(ctx, func, *, carried=None, wrap_call=None):
 
 
 class _DecoratorContextManager:
-    # The (capture, swap) pair of the thread state that is all the context sets.
-    _carried_state: tuple[Callable[[], Any], Callable[[Any], Any]] | None = None
-
     def __call__(self, orig_func: F) -> F:
         if inspect.isclass(orig_func):
             warnings.warn(...)
@@ -275,15 +268,14 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        # A subclass that makes or enters its contexts otherwise is entered as stock does.
-        names = {"__init__", "clone", "__enter__", "__exit__"}
-        owner = next(vars(k) for k in type(self).__mro__ if names & vars(k).keys())
-        wrap_call = owner.get("_wrap_call")
+        # What its block sets; and how its plain calls run, unless it makes
+        # its contexts otherwise (then each call enters a clone, as before).
+        carried = _declared(self, "_carried_state")
+        made = ("__init__", "clone", "__enter__", "__exit__")
+        wrap_call = _declared(self, "_wrap_call", made)
         if wrap_call is not None:
             wrap_call = functools.partial(wrap_call, self)
-        return cast(
-            F,
-            context_decorator(
-                self.clone, func, carried=_carried_state(self), wrap_call=wrap_call
-            ),
+        decorated = context_decorator(
+            self.clone, func, carried=carried, wrap_call=wrap_call
         )
+        return cast(F, decorated)

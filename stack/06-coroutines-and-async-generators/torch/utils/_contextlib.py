@@ -1,9 +1,8 @@
-# Step 05's versions of definitions later steps change (see stack/README.md).
+# Step 06's versions of definitions later steps change (see stack/README.md).
 
 
 def context_decorator(ctx, func, *, carried=None):
-    # *carried*: the (capture, swap) pair for the thread state the context sets, which
-    # suspendable bodies then carry from step to step.
+    # carried: (capture, swap) of the state the context sets, which bodies carry.
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(...)
 

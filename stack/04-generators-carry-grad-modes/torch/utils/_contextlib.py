@@ -31,8 +31,7 @@ class _Body:
 
 
 def context_decorator(ctx, func, *, carried=None):
-    # *carried*: the (capture, swap) pair for the thread state the context sets, which
-    # generators then carry from step to step.
+    # carried: (capture, swap) of the state the context sets, which generators carry.
     if callable(ctx) and hasattr(ctx, "__enter__"):
         raise AssertionError(...)
 
@@ -75,6 +74,5 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        return cast(
-            F, context_decorator(self.clone, func, carried=_carried_state(self))
-        )
+        carried = _declared(self, "_carried_state")
+        return cast(F, context_decorator(self.clone, func, carried=carried))
