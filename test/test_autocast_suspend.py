@@ -2,6 +2,7 @@
 """``@torch.autocast`` on generator, coroutine and async generator functions."""
 
 import asyncio
+import contextlib
 import inspect
 import warnings
 
@@ -21,6 +22,32 @@ def autocast_state():
         (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in DEVICES
     )
     return per_device, torch.is_autocast_cache_enabled(), nesting
+
+
+def thread_state():
+    """The whole autocast state and the grad mode."""
+    return autocast_state(), torch.is_grad_enabled()
+
+
+@contextlib.contextmanager
+def callers_autocast_state():
+    """Put back every device type's flag and dtype and the cache flag on exit."""
+    per_device, cache, _ = autocast_state()
+    try:
+        yield
+    finally:
+        for device, (enabled, dtype) in zip(DEVICES, per_device):
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(cache)
+
+
+def in_bf16_body(callers):
+    """What a ``bf16`` body sees of its caller's ``autocast_state()``: all but the CPU's and the cache flag."""
+    per_device, _, nesting = callers
+    cpu = DEVICES.index("cpu")
+    per_device = per_device[:cpu] + ((True, torch.bfloat16),) + per_device[cpu + 1 :]
+    return per_device, True, nesting + 1
 
 
 def bf16(func):
@@ -248,6 +275,61 @@ class TestAutocastSuspend(TestCase):
         for stacked in (torch.no_grad()(bf16(body)), bf16(torch.no_grad()(body))):
             self.assertEqual(list(stacked()), [(False, torch.bfloat16)])
             self.assertTrue(torch.is_grad_enabled())
+
+    def step_with_caller_changes(self, gen):
+        """Step *gen* thrice; before each, change the caller's autocast state and grad mode."""
+        settings = (
+            (True, torch.bfloat16, False),
+            (False, torch.float16, True),
+            (True, torch.float16, False),
+        )
+        seen = []
+        with callers_autocast_state(), torch.enable_grad():
+            for cuda_on, cuda_dtype, grad in settings:
+                torch.set_autocast_enabled("cuda", cuda_on)
+                torch.set_autocast_dtype("cuda", cuda_dtype)
+                torch.set_autocast_dtype("cpu", torch.float16)
+                torch.set_autocast_cache_enabled(False)
+                torch.set_grad_enabled(grad)
+                before = thread_state()
+                seen.append((before, next(gen)))
+                self.assertEqual(thread_state(), before)
+        return seen
+
+    def test_other_device_types_are_the_callers_at_each_step(self):
+        def body():
+            while True:
+                yield thread_state(), self.dtype()
+
+        plain = self.step_with_caller_changes(body())
+        decorated = self.step_with_caller_changes(bf16(body)())
+        for (_, (seen, dtype)), (_, (own, own_dtype)) in zip(plain, decorated):
+            callers, grad = seen
+            self.assertEqual(own, (in_bf16_body(callers), grad))
+            self.assertEqual((dtype, own_dtype), (torch.float32, torch.bfloat16))
+
+    def test_stacked_with_grad_mode_each_carries_its_own(self):
+        def body():
+            while True:
+                yield thread_state(), self.dtype()
+
+        for stacked in (torch.no_grad()(bf16(body)), bf16(torch.no_grad()(body))):
+            for (callers, _), (own, dtype) in self.step_with_caller_changes(stacked()):
+                self.assertEqual(own, (in_bf16_body(callers), False))
+                self.assertEqual(dtype, torch.bfloat16)
+
+    def test_call_reads_the_instance_at_each_call(self):
+        def stream():
+            yield self.dtype()
+
+        ac = torch.autocast("cpu", dtype=torch.bfloat16)
+        call, gen = ac(self.dtype), ac(stream)
+        ac.fast_dtype = torch.float16
+        self.assertEqual(call(), torch.float16)
+        self.assertEqual(list(gen()), [torch.float16])
+        ac._enabled = False
+        self.assertEqual(call(), torch.float32)
+        self.assertEqual(list(gen()), [torch.float32])
 
     def test_device_specific_spelling(self):
         with warnings.catch_warnings():

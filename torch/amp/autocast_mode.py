@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 
-# What autocast sets, and so what a body it decorates carries between steps.
-_AUTOCAST_STATE: tuple[Callable[[], Any], Callable[[Any], Any]] = (
+# What autocast sets for a device type, and so what a body it decorates
+# carries between steps.
+_AUTOCAST_STATE: tuple[Callable[[str], Any], Callable[[Any], Any]] = (
     torch._C._get_autocast_state,
     torch._C._swap_autocast_state,
 )
@@ -33,8 +34,6 @@ def _copy(autocast_instance):
 def _call_in_autocast(autocast_instance, func):
     """Wrap *func* to run as in a ``with`` block of a copy of *autocast_instance*, at less cost."""
     ctx = autocast_instance
-    device, dtype = ctx.device, ctx.fast_dtype
-    enabled, cache = ctx._enabled, ctx._cache_enabled
 
     @functools.wraps(func)
     def decorate_autocast(*args, **kwargs):
@@ -45,13 +44,14 @@ def _call_in_autocast(autocast_instance, func):
         ):
             with _copy(ctx):
                 return func(*args, **kwargs)
+        device = ctx.device  # read at each call, as a with block reads the instance
         prev = torch.is_autocast_enabled(device)
         prev_dtype = torch.get_autocast_dtype(device)
         prev_cache = torch.is_autocast_cache_enabled()
-        torch.set_autocast_enabled(device, enabled)
-        torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_enabled(device, ctx._enabled)
+        torch.set_autocast_dtype(device, ctx.fast_dtype)
         torch.autocast_increment_nesting()
-        torch.set_autocast_cache_enabled(cache)
+        torch.set_autocast_cache_enabled(ctx._cache_enabled)
         try:
             return func(*args, **kwargs)
         finally:
@@ -69,20 +69,17 @@ def autocast_decorator(autocast_instance, func):
     # longer leaves its caller in autocast; generator, coroutine and async
     # generator bodies carry their autocast state from step to step.
     # Imported here: torch.utils imports torch.amp.
-    from torch.utils._contextlib import context_decorator
+    from torch.utils._contextlib import _declared, context_decorator
 
     if inspect.isclass(func):  # decorated as the function that makes one, as before
         cls = func
         func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
 
-    # A subclass that overrides either may do more than autocast.  (Its
-    # __init__ does not count: copies are entered, never made anew.)
-    names = {"__enter__", "__exit__"}
-    owner = next(
-        vars(k) for k in type(autocast_instance).__mro__ if names & vars(k).keys()
-    )
-    carried, wrap_call = owner.get("_carried_state"), None
+    carried, wrap_call = _declared(autocast_instance, "_carried_state"), None
     if carried is not None:
+        capture, swap = carried
+        # The device read as each body enters its copy of the instance.
+        carried = (lambda: capture(autocast_instance.device), swap)
         wrap_call = functools.partial(_call_in_autocast, autocast_instance)
     decorate_autocast = context_decorator(
         functools.partial(_copy, autocast_instance),

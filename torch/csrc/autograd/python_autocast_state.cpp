@@ -1,44 +1,40 @@
-// A thread's autocast state as a Python value, so that torch.utils._contextlib
-// can swap a suspended body's state in around each of its steps and its
-// caller's back after each, as python_autograd_mode_state.cpp does for the
-// autograd mode state.  Python could read and set it too, at 13-19 us a swap
-// for the ten device types.
+// A thread's autocast state for one device type as a Python value, so that
+// torch.utils._contextlib can swap a suspended body's state in around each of
+// its steps and its caller's back after each, as python_autograd_mode_state.cpp
+// does for the autograd mode state.  One device type: the decorator's, whose
+// ``with`` block sets it; the body sees the others as its caller sets them.
 //
-// The state is, for every device type autocast supports, whether autocast is
-// enabled and its dtype, then the cache flag and the nesting count.  The cast
-// cache is not: it is one map for the process, keyed by the weight, whatever
-// the dtype of its cast, and filled under whatever states a step went
-// through.  So every swap clears it: no cast crosses from a body to its
-// caller, or to another body, in either direction.
+// The state is that device type's enabled flag and dtype, the cache flag and
+// the nesting count.  The cast cache is not: it is one map for the process,
+// keyed by the weight, whatever the dtype of its cast, and filled under
+// whatever states a step went through.  So every swap clears it: no cast
+// crosses from a body to its caller, or to another body, in either direction.
 
 #include <torch/csrc/autograd/python_autocast_state.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/python_strings.h>
 
-#include <array>
+#include <algorithm>
 #include <type_traits>
 
 namespace torch::autograd {
 
 namespace {
 
-using at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
-
 struct AutocastState {
-  std::array<bool, _AUTOCAST_SUPPORTED_DEVICES.size()> enabled{};
-  std::array<at::ScalarType, _AUTOCAST_SUPPORTED_DEVICES.size()> dtype{};
+  at::DeviceType device_type{};
+  bool enabled = false;
+  at::ScalarType dtype{};
   bool cache_enabled = false;
   int nesting = 0;
 
-  static AutocastState current() {
+  static AutocastState current(at::DeviceType device_type) {
     AutocastState state;
-    for (size_t i = 0; i < _AUTOCAST_SUPPORTED_DEVICES.size(); ++i) {
-      state.enabled[i] =
-          at::autocast::is_autocast_enabled(_AUTOCAST_SUPPORTED_DEVICES[i]);
-      state.dtype[i] =
-          at::autocast::get_autocast_dtype(_AUTOCAST_SUPPORTED_DEVICES[i]);
-    }
+    state.device_type = device_type;
+    state.enabled = at::autocast::is_autocast_enabled(device_type);
+    state.dtype = at::autocast::get_autocast_dtype(device_type);
     state.cache_enabled = at::autocast::is_autocast_cache_enabled();
     // The count can only be stepped: one step up tells it.
     state.nesting = at::autocast::increment_nesting() - 1;
@@ -48,12 +44,8 @@ struct AutocastState {
 
   // Makes this the thread's state, replacing ``now``.
   void install(const AutocastState& now) const {
-    for (size_t i = 0; i < enabled.size(); ++i) {
-      at::autocast::set_autocast_enabled(
-          _AUTOCAST_SUPPORTED_DEVICES[i], enabled[i]);
-      at::autocast::set_autocast_dtype(
-          _AUTOCAST_SUPPORTED_DEVICES[i], dtype[i]);
-    }
+    at::autocast::set_autocast_enabled(device_type, enabled);
+    at::autocast::set_autocast_dtype(device_type, dtype);
     at::autocast::set_autocast_cache_enabled(cache_enabled);
     // ATen has no setter for the count either: one step at a time.
     for (int n = now.nesting; n < nesting; ++n) {
@@ -96,27 +88,40 @@ PyTypeObject THPAutocastStateType = {
     nullptr, /* tp_setattro */
     nullptr, /* tp_as_buffer */
     Py_TPFLAGS_DEFAULT, /* tp_flags */
-    "A thread's autocast state.", /* tp_doc */
+    "A thread's autocast state for one device type.", /* tp_doc */
 };
 
-// Returns a new reference to the calling thread's state, captured.
-PyObject* capture(const AutocastState** out) {
+// Returns a new reference to the calling thread's state for ``device_type``.
+PyObject* capture(at::DeviceType device_type, const AutocastState** out) {
   auto self = PyObject_New(THPAutocastState, &THPAutocastStateType);
   if (!self) {
     return nullptr;
   }
-  *out = new (&self->state) AutocastState(AutocastState::current());
+  *out = new (&self->state) AutocastState(AutocastState::current(device_type));
   return reinterpret_cast<PyObject*>(self);
 }
 
-PyObject* get_autocast_state(PyObject* /*module*/, PyObject* /*noargs*/) {
+// Takes a device type as torch.get_autocast_dtype does: a str such as "cuda".
+PyObject* get_autocast_state(PyObject* /*module*/, PyObject* arg) {
   HANDLE_TH_ERRORS
+  TORCH_CHECK_TYPE(
+      PyUnicode_Check(arg),
+      "_get_autocast_state(): device_type must be a str, not ",
+      Py_TYPE(arg)->tp_name);
+  const auto name = THPUtils_unpackString(arg);
+  const auto device_type = at::Device(name).type();
+  const auto& supported = at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
+  TORCH_CHECK_VALUE(
+      std::ranges::find(supported, device_type) != supported.end(),
+      "_get_autocast_state(): autocast does not support device type '",
+      name,
+      "'");
   const AutocastState* state = nullptr;
-  return capture(&state);
+  return capture(device_type, &state);
   END_HANDLE_TH_ERRORS
 }
 
-// Installs ``state`` and returns the state it replaced.
+// Installs ``state`` and returns the state it replaced, of its device type.
 PyObject* swap_autocast_state(PyObject* /*module*/, PyObject* arg) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(
@@ -124,10 +129,11 @@ PyObject* swap_autocast_state(PyObject* /*module*/, PyObject* arg) {
       "_swap_autocast_state(): expected a state from _get_autocast_state(), "
       "got ",
       Py_TYPE(arg)->tp_name);
+  const auto& state = reinterpret_cast<THPAutocastState*>(arg)->state;
   const AutocastState* now = nullptr;
-  PyObject* previous = capture(&now);
+  PyObject* previous = capture(state.device_type, &now);
   if (previous) {
-    reinterpret_cast<THPAutocastState*>(arg)->state.install(*now);
+    state.install(*now);
   }
   return previous;
   END_HANDLE_TH_ERRORS
@@ -137,8 +143,8 @@ PyObject* swap_autocast_state(PyObject* /*module*/, PyObject* arg) {
 PyMethodDef methods[] = {
     {"_get_autocast_state",
      get_autocast_state,
-     METH_NOARGS,
-     "Return the calling thread's autocast state."},
+     METH_O,
+     "Return the calling thread's autocast state for a device type."},
     {"_swap_autocast_state",
      swap_autocast_state,
      METH_O,
