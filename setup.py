@@ -151,7 +151,7 @@ setup(
             language="c++",
         )
     ],
-    # flake8 picks up the TGM checker (yield/await inside a grad-mode ``with``).
+    # flake8 picks up the TGM checker (yield/await inside a mode's ``with`` its decorators do not carry).
     entry_points={"flake8.extension": ["TGM = torch_gradmode_lint.flake8_torch_gradmode:GradModeChecker"]},
     cmdclass={
         "build_ext": build_ext_against_torch,
