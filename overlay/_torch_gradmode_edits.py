@@ -234,28 +234,41 @@ def wire_trace_rules(text, path, context):
 
 
 def wire_notes_section(text, path, context):
-    """Insert the docs sections that target the autograd notes after their "Grad Modes" material.
+    """Insert the docs section after the notes' "Grad Modes" material, or replace an earlier step's version.
 
     That material is "Grad Modes" and one subsection per mode, "Inference Mode"
-    the last: a section goes before the heading (and its label, if any) that
-    follows "Inference Mode", or at the end of the file.
+    the last: the section goes before the heading (and its label, if any) that
+    follows "Inference Mode", or at the end of the file.  Each step that edits
+    the notes carries its own version of the section (``stack/<step>/`` +
+    ``SECTION``), which replaces the one an earlier step of the same build put there.
     """
-    for section in (SECTION,):
-        block = _read(os.path.join(context["root"], section)).strip("\n") + "\n"
-        _already(text, path, block.splitlines()[0])
-        start = re.search(r"^### Inference Mode[ \t]*\n", text, re.M)
-        if not start:
-            raise ExportError(f"{path}: no '### Inference Mode' heading to put {section} after its subsection")
-        heading = re.compile(r"^#{1,3} ", re.M).search(text, start.end())
-        at = heading.start() if heading else len(text)
-        label = re.search(r"^\([\w-]+\)=\n\s*\Z", text[start.end():at], re.M)
+    source = context.get("source", lambda p: os.path.join(context["root"], p))
+    block = _read(source(SECTION)).strip("\n") + "\n"
+    first = block.splitlines()[0]
+    if path in context.get("edited", ()):
+        start = text.index(first)
+        heading = re.compile(r"^#{1,3} ", re.M)
+        own = heading.search(text, start + len(first))  # the section's own heading
+        end = heading.search(text, own.end()) if own else None
+        at = end.start() if end else len(text)
+        label = re.search(r"^\([\w-]+\)=\n\s*\Z", text[start:at], re.M)
         if label:
-            at = start.end() + label.start()
-        # Only added lines: a blank line before the section and after it, as between upstream's.
-        head, tail = text[:at], text[at:]
-        gap = "" if head.endswith("\n\n") else "\n" if head.endswith("\n") else "\n\n"
-        text = head + gap + block + ("\n" + tail if tail else "")
-    return text
+            at = start + label.start()
+        old = text[start:at].rstrip("\n") + "\n"
+        return text[:start] + block + text[start + len(old):]
+    _already(text, path, first)
+    start = re.search(r"^### Inference Mode[ \t]*\n", text, re.M)
+    if not start:
+        raise ExportError(f"{path}: no '### Inference Mode' heading to put {SECTION} after its subsection")
+    heading = re.compile(r"^#{1,3} ", re.M).search(text, start.end())
+    at = heading.start() if heading else len(text)
+    label = re.search(r"^\([\w-]+\)=\n\s*\Z", text[start.end():at], re.M)
+    if label:
+        at = start.end() + label.start()
+    # Only added lines: a blank line before the section and after it, as between upstream's.
+    head, tail = text[:at], text[at:]
+    gap = "" if head.endswith("\n\n") else "\n" if head.endswith("\n") else "\n\n"
+    return head + gap + block + ("\n" + tail if tail else "")
 
 
 def wire_convert_frame(text, path, context):

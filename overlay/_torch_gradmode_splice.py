@@ -555,7 +555,7 @@ def build(root, steps, read, edits=None, missing=None, only=None):
     from _torch_gradmode_edits import EDITS  # noqa: PLC0415
 
     edits = EDITS if edits is None else edits
-    out, used, newest, upstream = {}, {}, {}, {}
+    out, used, newest, upstream, edited = {}, {}, {}, {}, set()
 
     def current(path):
         if path not in out:
@@ -583,7 +583,8 @@ def build(root, steps, read, edits=None, missing=None, only=None):
             if not os.path.isfile(newest[path]):
                 raise SpliceError(f"stack/{step.name}/step: new file {path} is not in this checkout")
             out[path] = _read(newest[path])
-        context = {"root": root, "new": newest, "step_new": step.new}
+        # "source": the step's version of a project file; "edited": paths an earlier step edited.
+        context = {"root": root, "new": newest, "step_new": step.new, "source": step.source, "edited": set(edited)}
         for path in step.edits:
             if path not in edits:
                 raise SpliceError(f"step {step.name}: no anchored edit for {path}")
@@ -595,6 +596,7 @@ def build(root, steps, read, edits=None, missing=None, only=None):
                     missing.append(path)
                 continue
             out[path] = edits[path](text, path, context)
+            edited.add(path)
     return out
 
 
