@@ -118,7 +118,15 @@ class TestGradModeInstall(TestCase):
         self.assertEqual(len(trees), 1)
         self.assertTrue(callable(contextlib_mod._driver))
         self.assertTrue(callable(contextlib_mod._wrap_async_generator))
-        self.assertEqual(grad_mode.no_grad._carried_state, grad_mode._AUTOGRAD_MODE_STATE)
+        # Each grad mode carries what its own block sets: grad mode alone, or
+        # (inference_mode) the binding's whole autograd state.
+        for cls in (grad_mode.no_grad, grad_mode.enable_grad, grad_mode.set_grad_enabled):
+            self.assertIs(cls._carried_state, grad_mode._GRAD_MODE_STATE)
+        self.assertIs(grad_mode.inference_mode._carried_state, grad_mode._INFERENCE_MODE_STATE)
+        self.assertEqual(
+            grad_mode._INFERENCE_MODE_STATE,
+            (torch._C._get_autograd_mode_state, torch._C._swap_autograd_mode_state),
+        )
 
     def test_the_tree_links_to_the_wheel(self):
         wheel = wheel_torch_dir()
@@ -328,7 +336,12 @@ class TestGradModeInstallRefusesBadRequests(TestCase):
     def test_a_step_name_selects_its_prefix(self):
         steps = splice.series(CHECKOUT)
         probe = "import torch; print(hasattr(torch._C, '_swap_autograd_mode_state'))"
-        for k, expect in ((1, "False"), (3, "True")):
+        # The step that adds the binding: the prefix up to the one before it
+        # lacks it, the prefix up to it has it.
+        source = "torch/csrc/autograd/python_autograd_mode_state.cpp"
+        adds = next(k for k, step in enumerate(steps, 1) if source in step.new)
+        self.assertGreater(adds, 1)
+        for k, expect in ((adds - 1, "False"), (adds, "True")):
             done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                   env=dict(os.environ, TORCH_GRADMODE_STACK=steps[k - 1].name))
             self.assertEqual((done.returncode, done.stdout.strip()), (0, expect), done.stderr)

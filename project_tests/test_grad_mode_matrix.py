@@ -1,24 +1,34 @@
 # Owner(s): ["module: autograd"]
 """Grad-mode decorators on functions that suspend.
 
-``@torch.no_grad()``, ``@torch.enable_grad()``, ``@torch.set_grad_enabled(mode)``
-and ``@torch.inference_mode(mode)`` on a generator, an ``async def`` coroutine or
-an async generator: every step of the body runs in the decorator's mode and keeps
-the mode blocks the body opens itself across its own suspensions; after every step
-the caller is in exactly its own mode again, whatever the step did; everything else
-about the function is as undecorated (see docs/source/notes/grad_mode_suspend.md).
-Every other decorating context is not a grad mode: it is entered afresh around each
-step and owns no autograd state.
+A grad mode used as a decorator on a generator, an ``async def`` coroutine or
+an async generator carries exactly the state its own ``with`` block sets
+(issue #24): grad mode for ``no_grad``, ``enable_grad`` and
+``set_grad_enabled``; its one flag for ``set_multithreading_enabled``,
+``enforce_grad_layout_policy`` and ``_force_original_view_tracking``; the
+whole autograd state and the inference key bits for ``inference_mode``.  The
+body starts from its caller's state with the decorator entered at its first
+step, keeps its own changes to that state across its suspensions, and the
+caller gets its own back after every step; every other kind of state the body
+sees and changes exactly as the undecorated body would (see
+docs/project/notes/grad_mode_suspend.md).  Every other decorating context
+carries nothing: it is entered afresh around each step, as on stock torch.
+
+So a test of state compares the whole autograd state (``autograd_state``, the
+state matrix's probe) that body and caller see with what they see running the
+*reference*: the undecorated body, with only the part of the state the
+decorator carries swapped around each step (``reference``).
 
 The exhaustive project-only matrix; the test classes:
 
 * generators: ``TestGradModeGenerators`` (the basic cases, for every decorator),
-  ``TestGradModeBodyContinuity`` (the body keeps its own mode across ``yield``),
-  ``TestGradModeCallerIsolation`` (the caller's mode is the same after every
-  step), ``TestGradModeGeneratorProtocol`` (everything else is unchanged);
+  ``TestGradModeBodyContinuity`` (the body keeps what it carries across
+  ``yield``), ``TestGradModeCallerIsolation`` (the caller gets what the body
+  carries back after every step, and sees the rest as undecorated),
+  ``TestGradModeGeneratorProtocol`` (everything else is unchanged);
 * coroutines and async generators: ``TestGradModeAsyncCoroutines``,
   ``TestGradModeAsyncGenerators``, ``TestGradModeAsyncTaskIsolation`` (the other
-  tasks of the event loop keep their own modes), ``TestGradModeAsyncCancellation``,
+  tasks of the event loop keep what they carry), ``TestGradModeAsyncCancellation``,
   ``TestGradModeAsyncProtocol``;
 * reliability: ``TestGradModeFaults`` (critical exceptions, ``GeneratorExit``
   ignored, PEP 479, re-entrant stepping, context managers that raise),
@@ -26,7 +36,7 @@ The exhaustive project-only matrix; the test classes:
   ``TestGradModeBadInput``, ``TestGradModeDriverDetails``,
   ``TestGradModeOtherContextManagers`` (the other switches of
   ``torch.autograd.grad_mode``);
-* scope: ``TestGradModeScopeMatrix`` (contexts that are not grad modes, on every
+* scope: ``TestGradModeScopeMatrix`` (contexts that carry nothing, on every
   kind of function that suspends).
 """
 
@@ -37,6 +47,7 @@ import functools
 import gc
 import inspect
 import itertools
+import os
 import random
 import sys
 import threading
@@ -60,6 +71,11 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 from torch.utils._contextlib import _DecoratorContextManager, context_decorator
+
+
+# The whole-state probe is the state matrix's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_grad_mode_state_matrix import autograd_state  # noqa: E402
 
 
 # Under PYTORCH_TEST_WITH_DYNAMO=1 Dynamo traces the test bodies themselves,
@@ -87,27 +103,10 @@ NO_GRAD = (False, False)
 INFERENCE = (False, True)
 INFERENCE_GRAD = (True, True)
 
-# The whole autograd mode state a task can observe: the AutogradState flags
-# and the thread's local dispatch key sets (inference mode toggles some bits).
-_AUTOGRAD_STATE_QUERIES = (
-    torch.is_grad_enabled,
-    torch.is_inference_mode_enabled,
-    torch._C._is_fwd_grad_enabled,
-    torch._C._is_multithreading_enabled,
-    torch._C._is_view_replay_enabled,
-    torch._C._is_grad_layout_enforcement_enabled,
-    torch._C._get_graph_exec_group,
-    torch._C._dispatch_tls_local_include_set,
-    torch._C._dispatch_tls_local_exclude_set,
-)
-
-
-def autograd_state():
-    return tuple(repr(query()) for query in _AUTOGRAD_STATE_QUERIES)
-
 
 # Every grad-mode decorator in every spelling; a factory returns what goes
-# after the ``@``.
+# after the ``@``.  A single-flag mode's factory switches its flag when called
+# (the function form); decorating with what it returns switches it back.
 DECORATORS = {
     "no_grad": lambda: torch.no_grad(),
     "no_grad_bare": lambda: torch.no_grad,
@@ -118,10 +117,108 @@ DECORATORS = {
     "inference_mode": lambda: torch.inference_mode(),
     "inference_mode_bare": lambda: torch.inference_mode,
     "inference_mode_False": lambda: torch.inference_mode(False),
+    "set_multithreading_enabled_False": lambda: (
+        torch.autograd.set_multithreading_enabled(False)
+    ),
+    "set_multithreading_enabled_True": lambda: (
+        torch.autograd.set_multithreading_enabled(True)
+    ),
+    "enforce_grad_layout_policy_False": lambda: (
+        torch.autograd.grad_mode.enforce_grad_layout_policy(False)
+    ),
+    "enforce_grad_layout_policy_True": lambda: (
+        torch.autograd.grad_mode.enforce_grad_layout_policy(True)
+    ),
+    "force_original_view_tracking_True": lambda: (
+        torch.autograd.grad_mode._force_original_view_tracking(True)
+    ),
+    "force_original_view_tracking_False": lambda: (
+        torch.autograd.grad_mode._force_original_view_tracking(False)
+    ),
 }
 
-# Mode blocks a body opens, including autograd state that the decorators own
-# without setting it.
+
+class Carry(NamedTuple):
+    """The part of the thread state a decorated body carries: ``capture()``
+    reads it, ``install(value)`` sets it, and *fields* are its positions in
+    ``autograd_state()``."""
+
+    name: str
+    capture: Callable
+    install: Callable
+    fields: tuple
+
+
+# The positions of autograd_state()'s entries (see the state matrix).
+_FIELDS = (
+    "grad",
+    "inference",
+    "fwd_grad",
+    "multithreading",
+    "view_replay",
+    "grad_layout",
+    "graph_exec_group",
+    "include_keys",
+    "exclude_keys",
+)
+
+
+def _flag(name, capture, install):
+    return Carry(name, capture, install, (_FIELDS.index(name),))
+
+
+GRAD = _flag("grad", torch._C.is_grad_enabled, torch._C._set_grad_enabled)
+MULTITHREADING = _flag(
+    "multithreading",
+    torch._C._is_multithreading_enabled,
+    torch._C._set_multithreading_enabled,
+)
+GRAD_LAYOUT = _flag(
+    "grad_layout",
+    torch._C._is_grad_layout_enforcement_enabled,
+    torch._C._set_grad_layout_enforcement_enabled,
+)
+VIEW_REPLAY = _flag(
+    "view_replay", torch._C._is_view_replay_enabled, torch._C._set_view_replay_enabled
+)
+# inference_mode's: the whole AutogradState and the inference key bits, which
+# only the binding installs (looked up when used: stock torch lacks it, and
+# this module must import there too).
+WHOLE = Carry(
+    "autograd_state",
+    lambda: torch._C._get_autograd_mode_state(),
+    lambda state: torch._C._swap_autograd_mode_state(state),
+    tuple(range(len(_FIELDS))),
+)
+
+# What each decorator carries: what its own ``with`` block sets.
+CARRIES = {
+    name: (
+        GRAD
+        if name.startswith(("no_grad", "enable_grad", "set_grad_enabled"))
+        else WHOLE
+        if name.startswith("inference_mode")
+        else MULTITHREADING
+        if name.startswith("set_multithreading_enabled")
+        else GRAD_LAYOUT
+        if name.startswith("enforce_grad_layout_policy")
+        else VIEW_REPLAY
+    )
+    for name in DECORATORS
+}
+
+
+def as_carried(carry, state, own):
+    """*state* (an ``autograd_state()``) with the part *carry* covers taken from
+    *own*."""
+    return tuple(
+        mine if i in carry.fields else theirs
+        for i, (theirs, mine) in enumerate(zip(state, own))
+    )
+
+
+# Mode blocks a body opens, including autograd state that the decorators
+# carry without setting it.
 BLOCKS = {
     "no_grad": torch.no_grad,
     "enable_grad": torch.enable_grad,
@@ -133,7 +230,19 @@ BLOCKS = {
     "view_replay_on": lambda: torch.autograd.grad_mode._force_original_view_tracking(
         True
     ),
+    "layout_relaxed": lambda: torch.autograd.grad_mode.enforce_grad_layout_policy(
+        False
+    ),
     "fwd_grad_off": lambda: torch.autograd.forward_ad._set_fwd_grad_enabled(False),
+}
+
+# The blocks whose state a decorator of each carry carries whole.
+CARRIED_BLOCKS = {
+    GRAD: ["no_grad", "enable_grad", "set_grad_enabled_True", "set_grad_enabled_False"],
+    MULTITHREADING: ["multithreading_off"],
+    VIEW_REPLAY: ["view_replay_on"],
+    GRAD_LAYOUT: ["layout_relaxed"],
+    WHOLE: list(BLOCKS),
 }
 
 # Modes a caller may be in: the context managers to enter, in order.
@@ -188,15 +297,118 @@ def on_own_thread(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def state_inside(make, *blocks, caller=()):
-    """The mode a body sees inside decorator *make* (and *blocks*) when its caller
-    is in *caller*, from a fresh thread's state."""
+def state_inside(make, *blocks, caller=(), probe=mode_state):
+    """What *probe* shows inside decorator *make* (and *blocks*) when its caller
+    is in *caller*, from a fresh thread's state: what a body decorated with a
+    grad mode sees at its first step."""
 
-    def probe():
+    def run():
         with enter_all(caller), context_of(make), enter_all(blocks):
-            return mode_state()
+            return probe()
 
-    return on_own_thread(probe)
+    return on_own_thread(run)
+
+
+# ---------------------------------------------------------------------------
+# The reference: the undecorated body, with only the carried part swapped
+# ---------------------------------------------------------------------------
+
+
+class _Carried:
+    """The contract for one body of a decorator that carries *carry*: the
+    caller's carried state is put aside and the body's installed around each
+    step; the body's starts as the caller's with the decorator entered."""
+
+    def __init__(self, make, carry):
+        self.make, self.carry = make, carry
+        self.started, self.state, self.caller = False, None, []
+
+    def __enter__(self):
+        self.caller.append(self.carry.capture())
+        if not self.started:
+            self.started = True
+            with context_of(self.make):
+                self.state = self.carry.capture()
+        self.carry.install(self.state)
+
+    def __exit__(self, *exc_info):
+        self.state = self.carry.capture()
+        self.carry.install(self.caller.pop())
+
+
+def _steps(carried, start):
+    """Step ``start()`` (a generator, coroutine or awaitable, made at the first
+    step, as the decorators make the body) inside *carried*, relaying sends,
+    throws and closes to it."""
+    it = start()
+    method, arg = it.send, None
+    while True:
+        try:
+            with carried:
+                value = method(arg)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            arg = yield value
+        except BaseException as exc:  # GeneratorExit too: thrown in, in its state
+            method, arg = it.throw, exc
+        else:
+            method = it.send
+
+
+# _steps as a generator-based coroutine, to await (a copy: types.coroutine
+# would flag _steps itself).
+_stepped = types.FunctionType(
+    _steps.__code__.replace(
+        co_flags=_steps.__code__.co_flags | inspect.CO_ITERABLE_COROUTINE
+    ),
+    _steps.__globals__,
+    "_stepped",
+)
+
+
+def reference(decorator, func):
+    """The function that ``DECORATORS[decorator]()(func)`` must behave as: *func*
+    undecorated, each step of its body with only the state the decorator
+    carries swapped in, as the contract says, for a generator, a coroutine or
+    an async generator function."""
+    make, carry = DECORATORS[decorator], CARRIES[decorator]
+    if inspect.isasyncgenfunction(func):
+
+        @functools.wraps(func)
+        async def async_generator(*args, **kwargs):
+            carried, body = _Carried(make, carry), func(*args, **kwargs)
+            method, arg = body.asend, None
+            while True:
+                try:
+                    value = await _stepped(carried, functools.partial(method, arg))
+                except StopAsyncIteration:
+                    return
+                try:
+                    arg = yield value
+                except BaseException as exc:
+                    method, arg = body.athrow, exc
+                else:
+                    method = body.asend
+
+        return async_generator
+    # Not ``yield from`` _steps: a body that ignores a close would be closed
+    # again when the delegating frame ends.
+    steps = _stepped if inspect.iscoroutinefunction(func) else _steps
+
+    @functools.wraps(func)
+    def generator_or_coroutine(*args, **kwargs):
+        return steps(_Carried(make, carry), functools.partial(func, *args, **kwargs))
+
+    return generator_or_coroutine
+
+
+def both_ways(decorator, func, run):
+    """``run(f)`` on a fresh thread for *func* decorated with *decorator*, and
+    for its reference: the two must be equal."""
+    decorated = on_own_thread(run, DECORATORS[decorator]()(func))
+    expected = on_own_thread(run, reference(decorator, func))
+    return decorated, expected
 
 
 @types.coroutine
@@ -251,50 +463,65 @@ class GradModeTestCase(TestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeGenerators(GradModeTestCase):
-    """The cases of PR #49017, for every grad-mode decorator."""
+    """The cases of PR #49017, for every grad-mode decorator: the body sees
+    its caller's state with what the decorator carries as the decorator sets
+    it, and the caller gets its own back."""
+
+    def own_view(self, decorator, caller_state):
+        """What a body that changes nothing itself, started from a plain caller,
+        sees when stepped from a caller in *caller_state*."""
+        own = state_inside(DECORATORS[decorator], probe=autograd_state)
+        return as_carried(CARRIES[decorator], caller_state, own)
 
     @parametrize("decorator", list(DECORATORS))
     def test_generator_functions(self, decorator):
-        make = DECORATORS[decorator]
-        expected = state_inside(make)
-
-        @make()
         def gen(n):
             for i in range(n):
-                yield i, mode_state()
+                yield i, autograd_state()
 
-        for caller_grad in (True, False):
-            with torch.set_grad_enabled(caller_grad):
-                for i, (value, seen) in enumerate(gen(3)):
-                    self.assertEqual(value, i)
-                    self.assertEqual(seen, expected)
-                    self.assertEqual(torch.is_grad_enabled(), caller_grad)
+        def run(func):
+            out = []
+            for caller_grad in (True, False):
+                with torch.set_grad_enabled(caller_grad):
+                    caller = autograd_state()
+                    for i, (value, seen) in enumerate(func(3)):
+                        out.append((value, seen, caller))
+                        self.assertEqual(value, i)
+                        self.assertEqual(autograd_state(), caller)
+            return out
+
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        for _, seen, caller in decorated:
+            self.assertEqual(seen, self.own_view(decorator, caller))
 
     @parametrize("decorator", list(DECORATORS))
     def test_generator_based_coroutines_with_send(self, decorator):
-        make = DECORATORS[decorator]
-        expected = state_inside(make)
-
-        @make()
         def coro():
             total = 0
             while True:
-                x = yield total, mode_state()
+                x = yield total, autograd_state()
                 if x is None:
                     return total
                 total += x
 
-        c = coro()
-        self.assertEqual(next(c), (0, expected))
-        for x in (1, 2, 3):
-            with torch.set_grad_enabled(x % 2 == 0):
-                before = mode_state()
-                total, seen = c.send(x)
-                self.assertEqual(mode_state(), before)
-            self.assertEqual(seen, expected)
-        with self.assertRaises(StopIteration) as cm:
-            c.send(None)
-        self.assertEqual(cm.exception.value, 6)
+        def run(func):
+            c = func()
+            steps = [(next(c), autograd_state())]
+            for x in (1, 2, 3):
+                with torch.set_grad_enabled(x % 2 == 0):
+                    before = autograd_state()
+                    steps.append((c.send(x), before))
+                    self.assertEqual(autograd_state(), before)
+            with self.assertRaises(StopIteration) as cm:
+                c.send(None)
+            self.assertEqual(cm.exception.value, 6)
+            return steps
+
+        decorated, expected = both_ways(decorator, coro, run)
+        self.assertEqual(decorated, expected)
+        for (_, seen), caller in decorated:
+            self.assertEqual(seen, self.own_view(decorator, caller))
 
     @parametrize("decorator", list(DECORATORS))
     def test_benign_exceptions(self, decorator):
@@ -343,31 +570,40 @@ class TestGradModeGenerators(GradModeTestCase):
 
     @parametrize("decorator", list(DECORATORS))
     def test_exit_and_close(self, decorator):
-        make = DECORATORS[decorator]
-        expected = state_inside(make)
-        seen = []
-
-        @make()
-        def gen():
+        # Closed from a no_grad caller: the body's clean-up sees that caller's
+        # state with what the decorator carries as the body's own (a
+        # set_multithreading_enabled body sees the caller's no_grad).
+        def gen(seen):
             try:
                 yield 1
             except GeneratorExit:
-                seen.append(("exit", mode_state()))
+                seen.append(("exit", autograd_state()))
                 raise
             finally:
-                seen.append(("finally", mode_state()))
+                seen.append(("finally", autograd_state()))
 
-        g = gen()
-        next(g)
-        with torch.no_grad():
-            g.close()
-            self.assertFalse(torch.is_grad_enabled())
-        self.assertEqual(seen, [("exit", expected), ("finally", expected)])
+        def run(func):
+            seen = []
+            g = func(seen)
+            next(g)
+            with torch.no_grad():
+                caller = autograd_state()
+                g.close()
+                self.assertEqual(autograd_state(), caller)
+            return seen, caller
+
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        seen, caller = decorated
+        own = self.own_view(decorator, caller)
+        self.assertEqual(seen, [("exit", own), ("finally", own)])
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeBodyContinuity(GradModeTestCase):
-    """A mode the body sets itself stays in force for it across its own ``yield``s."""
+    """What the body sets itself of the state its decorator carries stays in
+    force for it across its own ``yield``s; the rest is the thread's, as
+    undecorated."""
 
     def test_issue_example(self):
         @torch.no_grad()
@@ -382,23 +618,39 @@ class TestGradModeBodyContinuity(GradModeTestCase):
     @parametrize("decorator", list(DECORATORS))
     @parametrize("block", list(BLOCKS))
     def test_each_decorator_around_each_block(self, decorator, block):
-        make, bmake = DECORATORS[decorator], BLOCKS[block]
-        outside = state_inside(make)
-        inside = state_inside(make, bmake)
+        # The body sees its whole block at every step; between steps its
+        # caller has its own back of what the decorator carries, and the rest
+        # of the block is the thread's, as undecorated: a no_grad body's
+        # inference_mode or multithreading block reaches its caller.
+        make, bmake, carry = DECORATORS[decorator], BLOCKS[block], CARRIES[decorator]
 
-        @make()
-        def gen():
+        def gen(seen):
             with bmake():
-                yield mode_state()
-                yield mode_state()
-                yield mode_state()
-            yield mode_state()
+                for _ in range(3):
+                    seen.append(autograd_state())
+                    yield
+            seen.append(autograd_state())
+            yield
 
-        out = []
-        for seen in gen():
-            out.append(seen)
-            self.assertEqual(mode_state(), PLAIN)
-        self.assertEqual(out, [inside, inside, inside, outside])
+        def run(func):
+            seen, between = [], []
+            for _ in func(seen):
+                between.append(autograd_state())
+            return seen, between
+
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        outside = state_inside(make, probe=autograd_state)
+        inside = state_inside(make, bmake, probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        self.assertEqual(
+            decorated,
+            (
+                [inside] * 3 + [outside],
+                [as_carried(carry, inside, plain)] * 3
+                + [as_carried(carry, outside, plain)],
+            ),
+        )
 
     def test_set_grad_enabled_as_a_call_persists(self):
         @torch.no_grad()
@@ -434,56 +686,128 @@ class TestGradModeBodyContinuity(GradModeTestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeCallerIsolation(GradModeTestCase):
-    """After every step the caller's mode is exactly what it was before it."""
+    """After every step the caller has its own back of what the decorator
+    carries; the rest it sees as the undecorated body's caller does."""
 
-    def test_open_inference_block_does_not_leak(self):
-        @torch.no_grad()
+    @parametrize("decorator", list(DECORATORS))
+    def test_open_inference_block_reaches_caller_unless_carried(self, decorator):
+        # inference_mode carries the whole autograd state: its body's open
+        # inference block does not reach the caller, whose tensors between
+        # steps are ordinary and can train.  No other decorator carries
+        # inference mode: the block reaches the caller as the undecorated
+        # body's does, with the caller's own part of what the decorator
+        # carries back (a no_grad body leaks it with the caller's grad mode).
         def gen():
             with torch.inference_mode():
                 yield torch.is_inference_mode_enabled()
                 yield torch.is_inference_mode_enabled()
             yield torch.is_inference_mode_enabled()
 
-        g = gen()
-        results = []
-        for _ in range(3):
-            results.append(next(g))
-            self.assertEqual(mode_state(), PLAIN)
-            # Tensors made by the caller between steps are ordinary tensors.
-            self.assertFalse(torch.ones(1).is_inference())
-            x = torch.ones(1, requires_grad=True)
-            (x * 2).sum().backward()
-            self.assertEqual(x.grad.item(), 2.0)
-        self.assertEqual(results, [True, True, False])
+        def run(func):
+            results, between = [], []
+            for value in func():
+                results.append(value)
+                x = torch.ones(1, requires_grad=True)
+                try:
+                    (x * 2).sum().backward()
+                    trained = x.grad.item()
+                except RuntimeError:
+                    trained = None
+                between.append((autograd_state(), torch.ones(1).is_inference(), trained))
+            return results, between
 
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        results, between = decorated
+        after_block = state_inside(DECORATORS[decorator])[1]
+        self.assertEqual(results, [True, True, after_block])
+        leaks = CARRIES[decorator] is not WHOLE
+        self.assertEqual([made for _, made, _ in between], [leaks, leaks, False])
+        if not leaks:
+            plain = on_own_thread(autograd_state)
+            self.assertEqual(between, [(plain, False, 2.0)] * 3)
+
+    @parametrize("decorator", list(DECORATORS))
     @parametrize("caller", list(CALLER_SETUPS))
-    def test_open_block_dropped_while_suspended(self, caller):
-        @torch.no_grad()
-        def gen():
+    def test_open_block_dropped_while_suspended(self, caller, decorator):
+        # Dropped while suspended in its own inference block, the body is
+        # closed in its own state; the block reaches the caller until then
+        # unless the decorator carries it (inference_mode), and its exit
+        # gives the caller its whole state back either way.
+        def gen(seen):
             with torch.inference_mode():
-                yield 1
+                try:
+                    yield 1
+                finally:
+                    seen.append(autograd_state())
 
-        with enter_all(CALLER_SETUPS[caller]):
-            before = mode_state()
-            g = gen()
-            next(g)
-            self.assertEqual(mode_state(), before)
-            del g
-            gc.collect()
-            self.assertEqual(mode_state(), before)
+        def run(func):
+            seen = []
+            with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
+                g = func(seen)
+                next(g)
+                suspended = autograd_state()
+                del g
+                if not seen:  # not freed at once: left to the collector
+                    gc.collect()
+                return before, suspended, autograd_state(), seen
 
-    def test_caller_changes_between_steps_do_not_reach_body(self):
-        @torch.enable_grad()
-        def gen():
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        before, suspended, after, seen = decorated
+        self.assertEqual(after, before)
+        carry = CARRIES[decorator]
+        inside = state_inside(
+            DECORATORS[decorator],
+            torch.inference_mode,
+            caller=CALLER_SETUPS[caller],
+            probe=autograd_state,
+        )
+        self.assertEqual(seen, [inside])
+        self.assertEqual(suspended, as_carried(carry, inside, before))
+
+    @parametrize("decorator", list(DECORATORS))
+    def test_caller_changes_between_steps_reach_body_as_undecorated(self, decorator):
+        # What the decorator carries the body keeps as its first step set it,
+        # whatever its caller does between steps; every other change of its
+        # caller's reaches it as it reaches the undecorated body (a caller's
+        # multithreading, view-replay or forward-AD change reaches a no_grad
+        # body; a caller's no_grad reaches a set_multithreading_enabled(False)
+        # body); and each caller gets its whole state back.
+        def gen(seen):
             while True:
-                yield mode_state()
+                seen.append(autograd_state())
+                yield
 
-        g = gen()
-        for setup in CALLER_SETUPS.values():
-            with enter_all(setup):
-                before = mode_state()
-                self.assertEqual(next(g), PLAIN)
-                self.assertEqual(mode_state(), before)
+        def run(func):
+            seen, between = [], []
+            g = func(seen)
+            for setup in CALLER_SETUPS.values():
+                with enter_all(setup):
+                    before = autograd_state()
+                    next(g)
+                    between.append((before, autograd_state()))
+            g.close()
+            return seen, between
+
+        decorated, expected = both_ways(decorator, gen, run)
+        self.assertEqual(decorated, expected)
+        seen, between = decorated
+        self.assertEqual([after for _, after in between], [b for b, _ in between])
+        carry = CARRIES[decorator]
+        own = state_inside(DECORATORS[decorator], probe=autograd_state)
+        self.assertEqual(seen, [as_carried(carry, b, own) for b, _ in between])
+        by_caller = dict(zip(CALLER_SETUPS, seen))
+        fields = {name: _FIELDS.index(name) for name in _FIELDS}
+        if decorator == "no_grad":
+            self.assertFalse(by_caller["multithreading_off"][fields["multithreading"]])
+            self.assertTrue(by_caller["view_replay_no_grad"][fields["view_replay"]])
+            self.assertFalse(by_caller["fwd_grad_off"][fields["fwd_grad"]])
+            self.assertTrue(by_caller["inference_mode"][fields["inference"]])
+        if decorator == "set_multithreading_enabled_False":
+            self.assertFalse(by_caller["no_grad"][fields["grad"]])
+            self.assertFalse(by_caller["plain"][fields["multithreading"]])
 
     @parametrize("caller", list(CALLER_SETUPS))
     def test_restored_when_step_raises_or_returns(self, caller):
@@ -545,12 +869,17 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
         with self.assertRaisesRegex(RuntimeError, "generator raised StopIteration"):
             next(g)
 
-    def test_throw_uses_one_argument_form(self):
+    @parametrize("carried", [False, True])
+    def test_throw_uses_one_argument_form(self, carried):
         # A generator-like object whose throw() accepts only the exception:
-        # the three-argument form (deprecated in Python 3.12) must never be used.
+        # the three-argument form (deprecated in Python 3.12) must never be
+        # used.  Closed, a body that carries state has GeneratorExit thrown
+        # in, in its state; one whose context carries nothing is closed with
+        # its close() inside a fresh context, as on stock torch.
         class OneArgThrow:
             def __init__(self):
                 self.thrown = []
+                self.closed = []
 
             def __iter__(self):
                 return self
@@ -568,16 +897,26 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
                 return "caught"
 
             def close(self):
-                pass
+                self.closed.append(torch.is_grad_enabled())
 
         inner = OneArgThrow()
-        g = torch.utils._contextlib._wrap_generator(torch.no_grad, lambda: inner)()
+        state = torch.no_grad._carried_state if carried else None
+        g = torch.utils._contextlib._wrap_generator(
+            torch.no_grad, lambda: inner, state
+        )()
         self.assertEqual(next(g), "sent")
         err = Boom()
         self.assertEqual(g.throw(err), "caught")
         self.assertEqual(inner.thrown, [err])
         g.close()
-        self.assertIsInstance(inner.thrown[-1], GeneratorExit)
+        if carried:
+            self.assertEqual(len(inner.thrown), 2)
+            self.assertIsInstance(inner.thrown[-1], GeneratorExit)
+            self.assertEqual(inner.closed, [])
+        else:
+            self.assertEqual(inner.thrown, [err])
+            self.assertEqual(inner.closed, [False])
+        self.assertEqual(mode_state(), PLAIN)
 
     def test_traceback_shows_body_frame(self):
         @torch.no_grad()
@@ -738,40 +1077,93 @@ class TestGradModeGeneratorProtocol(GradModeTestCase):
 # ---------------------------------------------------------------------------
 # Coroutines and async generators
 #
-# A decorated coroutine or async generator's body sees at every point the mode
+# A decorated coroutine or async generator's body sees at every point the state
 # it would see if it ran uninterrupted inside ``with <decorator>:`` on a thread
-# of its own that starts in the caller's mode at the body's first entry, and
-# every other task on the event loop sees, after each of its own awaits, only
-# the mode it set itself.
+# of its own that starts in the caller's state at the body's first entry, for
+# the state the decorator carries; the rest of the thread state it shares with
+# whatever runs on the thread, as the undecorated body does.  Every other task
+# on the event loop gets back, after each of its own awaits, what its own
+# decorator carries as it left it, and sees the rest as it is.
 #
-# Only one *undecorated* task may change the mode and keep it across an await:
-# grad mode is thread state, so two undecorated tasks that both do would see
-# each other's modes whatever the decorators do.  The noise tasks that stand for
-# "other tasks" are therefore decorated coroutines that change their own mode in
-# their bodies, and the one undecorated task of each test is its driver.
+# Only one *undecorated* task may change the state and keep it across an
+# await: it is thread state, so two undecorated tasks that both do would see
+# each other's changes whatever the decorators do.  The noise tasks that stand
+# for "other tasks" are therefore decorated coroutines that change only state
+# their decorator carries, and the one undecorated task of each test is its
+# driver.
 # ---------------------------------------------------------------------------
 
 
-class NoiseTasks:
-    """Decorated tasks that each keep changing their own mode and check it after
-    every await.
+class TaskStates:
+    """What the tasks of one event loop must see after their awaits.
 
-    Each is a coroutine decorated with one of ``DECORATORS`` whose body enters
-    random mode blocks and calls ``torch.set_grad_enabled`` between
-    ``await asyncio.sleep(0)``; after every await it must see the whole autograd
-    state it had before it.  Must be created inside a running event loop.
+    The one undecorated task records its whole state before each of its
+    awaits (``main``); the decorated tasks change only what their decorators
+    carry, so a decorated task that resumes finds the thread in that state,
+    with the part its decorator carries as it left it.
     """
 
-    def __init__(self, count, seed):
-        self.violations = []
+    def __init__(self):
+        self.main = None
+        self.problems = []
         self.awaits = 0
+
+    async def main_sleep(self):
+        """An await of the undecorated task, checked: it sees its whole state."""
+        want = self.main = autograd_state()
+        await asyncio.sleep(0)
+        self.check_whole("undecorated main task", want)
+
+    def check_whole(self, who, want):
+        got = autograd_state()
+        if got != want:
+            self.problems.append((who, want, got))
+
+    def check(self, who, carry, want):
+        """After an await of a task decorated to carry *carry*, which saw *want*
+        before it."""
+        self.awaits += 1
+        got = autograd_state()
+        expected = as_carried(carry, self.main, want)
+        if got != expected:
+            self.problems.append((who, expected, got))
+
+    def check_carried(self, who, carry, want):
+        """Only the carried part: for a body stepped from another decorated one."""
+        got = autograd_state()
+        if [got[i] for i in carry.fields] != [want[i] for i in carry.fields]:
+            self.problems.append((who, want, got))
+
+
+def flip_carried(carry):
+    """Change what *carry* covers, as a call (never undone)."""
+    if carry is WHOLE:
+        torch.set_grad_enabled(not torch.is_grad_enabled())
+    else:
+        carry.install(not carry.capture())
+
+
+class NoiseTasks:
+    """Decorated tasks that each keep changing what their decorator carries and
+    check their state after every await.
+
+    Each is a coroutine decorated with one of ``DECORATORS`` whose body enters
+    random blocks of the state its decorator carries and flips that state by
+    call between ``await asyncio.sleep(0)``; after every await it must see
+    its own of that state as before, and the rest as the undecorated task
+    left it (``TaskStates``).  Must be created inside a running event loop.
+    """
+
+    def __init__(self, count, seed, states):
+        self.states = states
         self._stopped = False
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._make(seed, k)()) for k in range(count)]
 
     def _make(self, seed, k):
         name, make = list(DECORATORS.items())[(seed + k) % len(DECORATORS)]
-        blocks = list(BLOCKS.values())
+        carry = CARRIES[name]
+        blocks = [BLOCKS[block] for block in CARRIED_BLOCKS[carry]]
 
         @make()
         async def noise():
@@ -779,20 +1171,17 @@ class NoiseTasks:
             while not self._stopped:
                 with blocks[rng.randrange(len(blocks))]():
                     for _ in range(rng.randint(1, 3)):
-                        await self._checked_sleep(name)
+                        await self._checked_sleep(name, carry)
                 if rng.random() < 0.5:
-                    torch.set_grad_enabled(rng.random() < 0.5)
-                await self._checked_sleep(name)
+                    flip_carried(carry)
+                await self._checked_sleep(name, carry)
 
         return noise
 
-    async def _checked_sleep(self, name):
+    async def _checked_sleep(self, name, carry):
         want = autograd_state()
         await asyncio.sleep(0)
-        self.awaits += 1
-        got = autograd_state()
-        if got != want:
-            self.violations.append((name, want, got))
+        self.states.check(f"noise {name}", carry, want)
 
     async def stop(self):
         self._stopped = True
@@ -856,22 +1245,46 @@ class TestGradModeAsyncCoroutines(GradModeTestCase):
     @parametrize("decorator", list(DECORATORS))
     @parametrize("block", list(BLOCKS))
     def test_own_block_spans_awaits(self, decorator, block):
-        make, bmake = DECORATORS[decorator], BLOCKS[block]
-        outside = state_inside(make)
-        inside = state_inside(make, bmake)
+        # The body sees its whole block after every await; another task that
+        # runs while it is suspended in it sees the rest of the block, but
+        # not what the decorator carries, as it sees the undecorated body's.
+        make, bmake, carry = DECORATORS[decorator], BLOCKS[block], CARRIES[decorator]
 
-        @make()
-        async def f():
-            seen = []
+        async def f(seen):
             with bmake():
                 for _ in range(3):
                     await asyncio.sleep(0)
-                    seen.append(mode_state())
+                    seen.append(autograd_state())
             await asyncio.sleep(0)
-            seen.append(mode_state())
-            return seen
+            seen.append(autograd_state())
 
-        self.assertEqual(asyncio.run(f()), [inside] * 3 + [outside])
+        def run(func):
+            seen, others = [], []
+
+            async def other(body):
+                while not body.done():
+                    others.append(autograd_state())
+                    await asyncio.sleep(0)
+
+            async def main():
+                body = asyncio.ensure_future(func(seen))
+                await asyncio.gather(body, other(body))
+
+            asyncio.run(main())
+            return seen, others, autograd_state()
+
+        decorated, expected = both_ways(decorator, f, run)
+        self.assertEqual(decorated, expected)
+        outside = state_inside(make, probe=autograd_state)
+        inside = state_inside(make, bmake, probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        seen, others, after = decorated
+        self.assertEqual(seen, [inside] * 3 + [outside])
+        self.assertEqual(after, plain)
+        self.assertEqual(
+            others,
+            [as_carried(carry, inside, plain)] * 3 + [as_carried(carry, outside, plain)],
+        )
 
     def test_set_grad_enabled_as_a_call_persists_across_awaits(self):
         @torch.no_grad()
@@ -941,39 +1354,48 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
 
     @parametrize("decorator", list(DECORATORS))
     def test_every_step_under_every_decorator(self, decorator):
-        make = DECORATORS[decorator]
-        # The first step is taken from inside inference_mode+enable_grad.
+        # The caller changes its state between steps: what the decorator
+        # carries, the body keeps as its first step set it; the rest reaches
+        # it as it reaches the undecorated body.  The first step is taken from
+        # inside inference_mode+enable_grad.
         callers = list(CALLER_SETUPS.values())
         callers = callers[3:] + callers[:3]
-        expected = state_inside(make, caller=callers[0])
 
-        @make()
         async def agen():
             got = None
             for _ in range(len(callers)):
-                resumed = mode_state()
+                resumed = autograd_state()
                 await asyncio.sleep(0)
-                got = yield got, resumed, mode_state()
+                got = yield got, resumed, autograd_state()
 
-        async def main():
-            self.assertTrue(inspect.isasyncgenfunction(agen))
-            ag = agen()
-            out = []
-            for n, setup in enumerate(callers):
-                # The caller changes its mode between steps: none of it reaches
-                # the body.
-                with enter_all(setup):
-                    before = mode_state()
-                    step = ag.__anext__() if n == 0 else ag.asend(f"v{n}")
-                    out.append(await step)
-                    self.assertEqual(mode_state(), before)
-            with self.assertRaises(StopAsyncIteration):
-                await ag.asend("last")
-            return out
+        def run(func):
+            async def main():
+                self.assertTrue(inspect.isasyncgenfunction(func))
+                ag = func()
+                out = []
+                for n, setup in enumerate(callers):
+                    with enter_all(setup):
+                        before = autograd_state()
+                        step = ag.__anext__() if n == 0 else ag.asend(f"v{n}")
+                        out.append((await step, before))
+                        self.assertEqual(autograd_state(), before)
+                with self.assertRaises(StopAsyncIteration):
+                    await ag.asend("last")
+                return out
 
-        out = asyncio.run(main())
+            return asyncio.run(main())
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        own = state_inside(
+            DECORATORS[decorator], caller=callers[0], probe=autograd_state
+        )
         sent = [None] + [f"v{n}" for n in range(1, len(callers))]
-        self.assertEqual(out, [(v, expected, expected) for v in sent])
+        mine = [as_carried(CARRIES[decorator], before, own) for _, before in decorated]
+        self.assertEqual(
+            [item for item, _ in decorated],
+            [(v, seen, seen) for v, seen in zip(sent, mine)],
+        )
 
     def test_async_for(self):
         @torch.inference_mode()
@@ -994,64 +1416,90 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
     @parametrize("decorator", list(DECORATORS))
     @parametrize("block", list(BLOCKS))
     def test_own_block_spans_yields_and_awaits(self, decorator, block):
-        make, bmake = DECORATORS[decorator], BLOCKS[block]
-        outside = state_inside(make)
-        inside = state_inside(make, bmake)
+        # The body sees its whole block at every step; between steps its
+        # caller has its own back of what the decorator carries, and the rest
+        # of the block is the caller's, as undecorated.
+        make, bmake, carry = DECORATORS[decorator], BLOCKS[block], CARRIES[decorator]
 
-        @make()
         async def agen():
             with bmake():
-                yield mode_state()
+                yield autograd_state()
                 await asyncio.sleep(0)
-                yield mode_state()
+                yield autograd_state()
                 await asyncio.sleep(0)
-                yield mode_state()
+                yield autograd_state()
             await asyncio.sleep(0)
-            yield mode_state()
+            yield autograd_state()
 
-        async def main():
-            out = []
-            async for seen in agen():
-                out.append(seen)
-                self.assertEqual(mode_state(), PLAIN)
-            return out
+        def run(func):
+            async def main():
+                out = []
+                async for seen in func():
+                    out.append((seen, autograd_state()))
+                return out
 
-        self.assertEqual(asyncio.run(main()), [inside] * 3 + [outside])
+            return asyncio.run(main())
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        outside = state_inside(make, probe=autograd_state)
+        inside = state_inside(make, bmake, probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        self.assertEqual(
+            decorated,
+            [(inside, as_carried(carry, inside, plain))] * 3
+            + [(outside, as_carried(carry, outside, plain))],
+        )
 
     @parametrize("decorator", list(DECORATORS))
     def test_athrow_caught_under_mode(self, decorator):
-        make = DECORATORS[decorator]
-        inside = state_inside(make, torch.enable_grad, caller=[torch.no_grad])
-        seen = []
-
-        @make()
-        async def agen():
+        # Thrown in from each caller in turn: the body's handler sees that
+        # caller's state with what the decorator carries as the body keeps it
+        # (its enable_grad block, for the grad modes), before and after an
+        # await; the caller gets its own back.
+        async def agen(seen):
             with torch.enable_grad():
                 while True:
                     try:
                         yield len(seen)
                     except Boom as exc:
-                        seen.append((exc.args[0], mode_state()))
+                        seen.append((exc.args[0], autograd_state()))
                         await asyncio.sleep(0)
-                        seen.append(("after await", mode_state()))
+                        seen.append(("after await", autograd_state()))
 
-        async def main():
-            with torch.no_grad():
-                ag = agen()
-                self.assertEqual(await ag.__anext__(), 0)
-            for n, setup in enumerate(CALLER_SETUPS.values()):
-                with enter_all(setup):
-                    before = mode_state()
-                    # The one-argument form: the exception carries its own
-                    # traceback.
-                    self.assertEqual(await ag.athrow(Boom(n)), 2 * (n + 1))
-                    self.assertEqual(mode_state(), before)
-            await ag.aclose()
+        def run(func):
+            seen, callers = [], []
 
-        asyncio.run(main())
+            async def main():
+                with torch.no_grad():
+                    ag = func(seen)
+                    self.assertEqual(await ag.__anext__(), 0)
+                for n, setup in enumerate(CALLER_SETUPS.values()):
+                    with enter_all(setup):
+                        before = autograd_state()
+                        callers.append(before)
+                        # The one-argument form: the exception carries its own
+                        # traceback.
+                        self.assertEqual(await ag.athrow(Boom(n)), 2 * (n + 1))
+                        self.assertEqual(autograd_state(), before)
+                await ag.aclose()
+
+            asyncio.run(main())
+            return seen, callers
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        seen, callers = decorated
+        inside = state_inside(
+            DECORATORS[decorator],
+            torch.enable_grad,
+            caller=[torch.no_grad],
+            probe=autograd_state,
+        )
         want = []
-        for n in range(len(CALLER_SETUPS)):
-            want += [(n, inside), ("after await", inside)]
+        for n, caller in enumerate(callers):
+            mine = as_carried(CARRIES[decorator], caller, inside)
+            want += [(n, mine), ("after await", mine)]
         self.assertEqual(seen, want)
 
     def test_athrow_uncaught_propagates_with_body_frame(self):
@@ -1124,40 +1572,54 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
     @parametrize("decorator", list(DECORATORS))
     @parametrize("block", list(BLOCKS))
     def test_aclose_runs_finally_under_mode(self, decorator, block):
-        make, bmake = DECORATORS[decorator], BLOCKS[block]
-        outside = state_inside(make)
-        inside = state_inside(make, bmake)
-        seen = []
+        # Closed from inside inference_mode: the clean-up inside the body's
+        # block sees, before and after an await, what the decorator carries as
+        # the block set it and the rest as its closer's (a no_grad body: its
+        # closer's inference mode), as the reference does; the closer gets
+        # back its own of what the decorator carries.
+        make, bmake, carry = DECORATORS[decorator], BLOCKS[block], CARRIES[decorator]
 
-        @make()
-        async def agen():
+        async def agen(seen):
             try:
                 with bmake():
                     try:
                         yield 1
                     except GeneratorExit:
-                        seen.append(("exit", mode_state()))
+                        seen.append(("exit", autograd_state()))
                         # Async clean-up may await.
                         await asyncio.sleep(0)
-                        seen.append(("exit after await", mode_state()))
+                        seen.append(("exit after await", autograd_state()))
                         raise
             finally:
-                seen.append(("finally", mode_state()))
+                seen.append(("finally", autograd_state()))
 
-        async def main():
-            ag = agen()
-            self.assertEqual(await ag.__anext__(), 1)
-            with torch.inference_mode():
-                await ag.aclose()
-                self.assertEqual(mode_state(), INFERENCE)
-            with self.assertRaises(StopAsyncIteration):
-                await ag.__anext__()
+        def run(func):
+            seen = []
 
-        asyncio.run(main())
-        self.assertEqual(
-            seen,
-            [("exit", inside), ("exit after await", inside), ("finally", outside)],
-        )
+            async def main():
+                ag = func(seen)
+                self.assertEqual(await ag.__anext__(), 1)
+                with torch.inference_mode():
+                    closer = autograd_state()
+                    await ag.aclose()
+                    after = autograd_state()
+                with self.assertRaises(StopAsyncIteration):
+                    await ag.__anext__()
+                return closer, after
+
+            return seen, *asyncio.run(main())
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        seen, closer, after = decorated
+        inside = state_inside(make, bmake, probe=autograd_state)
+        mine = as_carried(carry, closer, inside)
+        self.assertEqual(seen[:2], [("exit", mine), ("exit after await", mine)])
+        self.assertEqual(as_carried(carry, after, closer), after)
+        if carry is WHOLE:
+            outside = state_inside(make, probe=autograd_state)
+            self.assertEqual(seen[2], ("finally", outside))
+            self.assertEqual(after, closer)
 
     @parametrize("decorator", list(DECORATORS))
     def test_shutdown_closes_live_generators_in_body_mode(self, decorator):
@@ -1290,62 +1752,85 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
         # abandoned generator (its asyncgen finalizer hook schedules aclose(),
         # run as asyncio.run shuts down).  No await in the ``finally``: the
         # loop closes before the clean-up task's second step, decorated or not.
-        make = DECORATORS[decorator]
-        outside = state_inside(make, caller=[torch.no_grad])
-        inside = state_inside(make, torch.enable_grad, caller=[torch.no_grad])
-        seen = []
+        # The body's enable_grad block reaches its no_grad caller unless the
+        # decorator carries grad mode; its finally sees the loop's state (a
+        # fresh thread's, but for the grad mode its block's exit put back:
+        # the no_grad it found) with what the decorator carries as the body's.
+        make, carry = DECORATORS[decorator], CARRIES[decorator]
 
-        @make()
-        async def agen():
+        async def agen(seen):
             try:
                 with torch.enable_grad():
-                    seen.append(("body", mode_state()))
+                    seen.append(("body", autograd_state()))
                     yield 1
                     yield 2
             finally:
-                seen.append(("finally", mode_state()))
+                seen.append(("finally", autograd_state()))
 
-        async def main():
-            with torch.no_grad():
-                async for x in agen():
-                    seen.append(("got", x, mode_state()))
-                    break
-                self.assertEqual(mode_state(), NO_GRAD)
+        def run(func):
+            seen = []
 
-        asyncio.run(main())
+            async def main():
+                with torch.no_grad():
+                    async for x in func(seen):
+                        seen.append(("got", x, autograd_state()))
+                        break
+
+            asyncio.run(main())
+            return seen
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        caller = [torch.no_grad]
+        outside = state_inside(make, caller=caller, probe=autograd_state)
+        inside = state_inside(make, torch.enable_grad, caller=caller, probe=autograd_state)
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
         self.assertEqual(
-            seen, [("body", inside), ("got", 1, NO_GRAD), ("finally", outside)]
+            decorated,
+            [
+                ("body", inside),
+                ("got", 1, as_carried(carry, inside, no_grad)),
+                ("finally", as_carried(carry, no_grad, outside)),
+            ],
         )
 
     @parametrize("decorator", list(DECORATORS))
     def test_shutdown_finalises_generator_of_cancelled_task(self, decorator):
         # A task still iterating when asyncio.run returns is cancelled by it;
-        # the generator it held is then finalised by the shutting-down loop.
-        make = DECORATORS[decorator]
-        outside = state_inside(make, caller=[torch.no_grad])
-        seen = []
+        # the generator it held is then finalised by the shutting-down loop,
+        # whose state (a fresh thread's) the body's finally sees with what
+        # the decorator carries as the body's.
+        make, carry = DECORATORS[decorator], CARRIES[decorator]
 
-        @make()
-        async def agen():
+        async def agen(seen):
             try:
                 yield 1
                 yield 2
             finally:
-                seen.append(("finally", mode_state()))
+                seen.append(("finally", autograd_state()))
 
-        async def consumer(started):
-            with torch.no_grad():
-                async for _ in agen():
-                    started.set()
-                    await asyncio.sleep(3600)
+        def run(func):
+            seen = []
 
-        async def main():
-            started = asyncio.Event()
-            asyncio.get_running_loop().create_task(consumer(started))
-            await started.wait()
+            async def consumer(started):
+                with torch.no_grad():
+                    async for _ in func(seen):
+                        started.set()
+                        await asyncio.sleep(3600)
 
-        asyncio.run(main())
-        self.assertEqual(seen, [("finally", outside)])
+            async def main():
+                started = asyncio.Event()
+                asyncio.get_running_loop().create_task(consumer(started))
+                await started.wait()
+
+            asyncio.run(main())
+            return seen
+
+        decorated, expected = both_ways(decorator, agen, run)
+        self.assertEqual(decorated, expected)
+        outside = state_inside(make, caller=[torch.no_grad], probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        self.assertEqual(decorated, [("finally", as_carried(carry, plain, outside))])
 
     def test_return_ends_iteration(self):
         @torch.no_grad()
@@ -1365,151 +1850,193 @@ class TestGradModeAsyncTaskIsolation(GradModeTestCase):
     """Every task sees, after each of its own awaits, only the mode it set itself."""
 
     def test_noise_tasks_with_coroutines_and_async_generators(self):
-        problems = []
+        # Every decorated task keeps, across its awaits, what its decorator
+        # carries, and sees the rest as the undecorated task changes it (a
+        # no_grad task sees the driver's inference mode, multithreading and
+        # view-replay changes); the undecorated driver keeps its whole state.
+        states = TaskStates()
         decorators = list(DECORATORS.items())
-        blocks = list(BLOCKS.values())
 
-        def check(who, want):
-            got = mode_state()
-            if got != want:
-                problems.append((who, want, got))
+        def carried_blocks(name):
+            return [BLOCKS[block] for block in CARRIED_BLOCKS[CARRIES[name]]]
 
         def make_coroutine(k):
             name, make = decorators[k % len(decorators)]
+            carry, blocks = CARRIES[name], carried_blocks(name)
 
             @make()
             async def coroutine():
                 rng = random.Random(k)
                 for _ in range(20):
                     with blocks[rng.randrange(len(blocks))]():
-                        want = mode_state()
+                        want = autograd_state()
                         await asyncio.sleep(0)
-                        check(f"coroutine {name}", want)
-                    want = mode_state()
+                        states.check(f"coroutine {name}", carry, want)
+                    want = autograd_state()
                     await asyncio.sleep(0)
-                    check(f"coroutine {name}", want)
+                    states.check(f"coroutine {name}", carry, want)
                 return k
 
             return coroutine
 
         def make_agen(k):
             name, make = decorators[k % len(decorators)]
+            carry, blocks = CARRIES[name], carried_blocks(name)
 
             @make()
             async def agen():
                 rng = random.Random(100 + k)
                 for i in range(10):
                     with blocks[rng.randrange(len(blocks))]():
-                        want = mode_state()
+                        want = autograd_state()
                         await asyncio.sleep(0)
-                        check(f"async generator {name}", want)
+                        states.check_carried(f"async generator {name}", carry, want)
                         yield i
-                        check(f"async generator {name} after yield", want)
-                    want = mode_state()
+                        states.check_carried(
+                            f"async generator {name} after yield", carry, want
+                        )
+                    want = autograd_state()
                     await asyncio.sleep(0)
-                    check(f"async generator {name}", want)
+                    states.check_carried(f"async generator {name}", carry, want)
 
             return agen
 
         def make_consumer(k):
             name, make = decorators[(k + 4) % len(decorators)]
+            carry = CARRIES[name]
 
             @make()
             async def consumer():
                 out = []
                 ag = make_agen(k)()
                 while True:
-                    want = mode_state()
+                    want = autograd_state()
                     try:
                         out.append(await ag.__anext__())
                     except StopAsyncIteration:
                         break
                     finally:
-                        check(f"consumer {name}", want)
-                    torch.set_grad_enabled(not torch.is_grad_enabled())
+                        states.check(f"consumer {name}", carry, want)
+                    flip_carried(carry)
                 return out
 
             return consumer
 
         async def main():
-            noise = NoiseTasks(4, seed=7)
+            noise = NoiseTasks(4, seed=7, states=states)
             n = len(decorators)
             tasks = [asyncio.create_task(make_coroutine(k)()) for k in range(n)]
             tasks += [asyncio.create_task(make_consumer(k)()) for k in range(n)]
-            # This undecorated task keeps changing its own mode too.
+            # This undecorated task keeps changing its own state too.
             rng = random.Random(3)
             setups = list(CALLER_SETUPS.values())
             awaits = 0
             while not all(task.done() for task in tasks):
                 with enter_all(setups[rng.randrange(len(setups))]):
                     for _ in range(rng.randint(1, 3)):
-                        want = mode_state()
-                        await asyncio.sleep(0)
+                        await states.main_sleep()
                         awaits += 1
-                        check("undecorated main task", want)
+            states.main = autograd_state()
             results = await asyncio.gather(*tasks)
             await noise.stop()
             self.assertGreater(awaits, 10)
-            self.assertGreater(noise.awaits, 40)
-            return results, noise.violations
+            return results
 
-        results, noise_violations = asyncio.run(main())
+        results = on_own_thread(asyncio.run, main())
         n = len(decorators)
         self.assertEqual(results, list(range(n)) + [list(range(10))] * n)
-        self.assertEqual(problems + noise_violations, [])
+        self.assertGreater(states.awaits, 200)
+        self.assertEqual(states.problems, [])
 
-    def test_suspended_inference_block_does_not_reach_other_tasks(self):
-        results = []
-
-        @torch.no_grad()
-        async def server(ready, release):
+    @parametrize("decorator", list(DECORATORS))
+    def test_suspended_inference_block_reaches_other_tasks_unless_carried(
+        self, decorator
+    ):
+        # inference_mode carries the whole autograd state: while its body is
+        # suspended inside its own inference-mode block, another task makes
+        # ordinary tensors and can train.  No other decorator carries
+        # inference mode: the block reaches the other task as the undecorated
+        # body's does, with that task's own part of what the decorator
+        # carries (after a no_grad body, its own grad mode).
+        async def server(results, ready, release):
             with torch.inference_mode():
                 ready.set()
                 await release.wait()
                 results.append(torch.ones(1).is_inference())
 
-        async def main():
-            ready, release = asyncio.Event(), asyncio.Event()
-            task = asyncio.create_task(server(ready, release))
-            await ready.wait()
-            # The body is suspended inside its inference-mode block: this
-            # task makes ordinary tensors and can train.
-            self.assertEqual(mode_state(), PLAIN)
-            self.assertFalse(torch.ones(1).is_inference())
-            x = torch.ones(1, requires_grad=True)
-            (x * 2).sum().backward()
-            self.assertEqual(x.grad.item(), 2.0)
-            release.set()
-            await task
+        def run(func):
+            results = []
 
-        asyncio.run(main())
+            async def main():
+                ready, release = asyncio.Event(), asyncio.Event()
+                task = asyncio.create_task(func(results, ready, release))
+                before = autograd_state()
+                await ready.wait()
+                # The body is suspended inside its inference-mode block.
+                during = autograd_state()
+                made = torch.ones(1).is_inference()
+                x = torch.ones(1, requires_grad=True)
+                try:
+                    (x * 2).sum().backward()
+                    trained = x.grad.item()
+                except RuntimeError:
+                    trained = None
+                release.set()
+                await task
+                return before, during, made, trained
+
+            return results, asyncio.run(main())
+
+        decorated, expected = both_ways(decorator, server, run)
+        self.assertEqual(decorated, expected)
+        results, (before, during, made, trained) = decorated
         self.assertEqual(results, [True])
+        carry = CARRIES[decorator]
+        inside = state_inside(
+            DECORATORS[decorator], torch.inference_mode, probe=autograd_state
+        )
+        self.assertEqual(during, as_carried(carry, inside, before))
+        if carry is WHOLE:
+            self.assertEqual((during, made, trained), (before, False, 2.0))
+        else:
+            self.assertTrue(made)
 
+    @parametrize("decorator", list(DECORATORS))
     @parametrize("caller", list(CALLER_SETUPS))
-    def test_coroutine_dropped_while_suspended(self, caller):
+    def test_coroutine_dropped_while_suspended(self, caller, decorator):
         # A coroutine object closed (here: collected) while suspended inside
-        # its own inference-mode block runs its clean-up in its mode and
-        # leaves its caller's mode as it was.
-        setup = CALLER_SETUPS[caller]
-        seen = []
-
-        @torch.no_grad()
-        async def f():
+        # its own inference-mode block runs its clean-up in its own state for
+        # what the decorator carries; the block reaches its caller until then
+        # unless the decorator carries it (inference_mode), and its exit gives
+        # the caller its whole state back either way.
+        async def f(seen):
             try:
                 with torch.inference_mode():
                     await asyncio.sleep(0)
             finally:
-                seen.append(mode_state())
+                seen.append(autograd_state())
 
-        with enter_all(setup):
-            before = mode_state()
-            coro = f()
-            coro.send(None)  # runs to asyncio.sleep(0)'s bare yield
-            self.assertEqual(mode_state(), before)
-            del coro
-            gc.collect()
-            self.assertEqual(mode_state(), before)
-        self.assertEqual(seen, [state_inside(torch.no_grad, caller=setup)])
+        def run(func):
+            seen = []
+            with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
+                coro = func(seen)
+                coro.send(None)  # runs to asyncio.sleep(0)'s bare yield
+                suspended = autograd_state()
+                del coro
+                if not seen:  # not freed at once: left to the collector
+                    gc.collect()
+                return before, suspended, autograd_state(), seen
+
+        decorated, expected = both_ways(decorator, f, run)
+        self.assertEqual(decorated, expected)
+        before, suspended, after, seen = decorated
+        self.assertEqual(after, before)
+        make, setup, carry = DECORATORS[decorator], CALLER_SETUPS[caller], CARRIES[decorator]
+        inside = state_inside(make, torch.inference_mode, caller=setup, probe=autograd_state)
+        self.assertEqual(suspended, as_carried(carry, inside, before))
+        outside = state_inside(make, caller=setup, probe=autograd_state)
+        self.assertEqual(seen, [outside])
 
 
 def _suspended_in_block(make, bmake, seen):
@@ -1524,14 +2051,14 @@ def _suspended_in_block(make, bmake, seen):
                     started.set()
                     await asyncio.sleep(3600)
                 except asyncio.CancelledError:
-                    seen.append(("except", mode_state()))
+                    seen.append(("except", autograd_state()))
                     await asyncio.sleep(0)  # clean-up may await
-                    seen.append(("except after await", mode_state()))
+                    seen.append(("except after await", autograd_state()))
                     raise
                 finally:
-                    seen.append(("inner finally", mode_state()))
+                    seen.append(("inner finally", autograd_state()))
         finally:
-            seen.append(("finally", mode_state()))
+            seen.append(("finally", autograd_state()))
 
     return body
 
@@ -1543,24 +2070,26 @@ HAS_ASYNCIO_TIMEOUT = hasattr(asyncio, "timeout")
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeAsyncCancellation(GradModeTestCase):
-    """CancelledError and timeouts land where the body is suspended, in its mode."""
+    """CancelledError and timeouts land where the body is suspended, in its
+    state: its whole block (what its decorator carries as its own, the rest as
+    it left it on the thread, which its canceller has not changed)."""
 
     def check_cancellation(self, cancel, raised, decorator, block, caller):
         """*cancel(body, started)* is a coroutine that gets the body cancelled; it
         must raise *raised*."""
         make, bmake = DECORATORS[decorator], BLOCKS[block]
         setup = CALLER_SETUPS[caller]
-        inside = state_inside(make, bmake, caller=setup)
-        outside = state_inside(make, caller=setup)
+        inside = state_inside(make, bmake, caller=setup, probe=autograd_state)
+        outside = state_inside(make, caller=setup, probe=autograd_state)
         seen = []
         body = _suspended_in_block(make, bmake, seen)
 
         async def main():
             with enter_all(setup):
-                before = mode_state()
+                before = autograd_state()
                 with self.assertRaises(raised):
                     await cancel(body, asyncio.Event())
-                self.assertEqual(mode_state(), before)
+                self.assertEqual(autograd_state(), before)
 
         asyncio.run(main())
         self.assertEqual(
@@ -1994,57 +2523,77 @@ class TestGradModeFaults(GradModeTestCase):
         "exc_type", [KeyboardInterrupt, SystemExit], name_fn=lambda exc: exc.__name__
     )
     def test_critical_exception_raised_in_body(self, exc_type, caller):
-        state = CALLER_MODES[caller]
-        seen = []
-
-        def body():
-            seen.append(mode_state())
+        # Started from *caller*, raising from a plain caller's second step: the
+        # body keeps its no_grad and sees the second caller's inference mode,
+        # not the first's, as the undecorated body would.
+        def body(seen):
+            seen.append(autograd_state())
             with torch.enable_grad():
                 yield 1
-            seen.append(mode_state())
+            seen.append(autograd_state())
             try:
                 raise exc_type("stop")
             finally:
-                seen.append(mode_state())
+                seen.append(autograd_state())
 
-        g = torch.no_grad()(body)()
-        with enter_all(CALLER_SETUPS[caller]):
-            self.assertEqual(next(g), 1)
-            self.assertEqual(mode_state(), state)
-        with self.assertRaises(exc_type):
-            next(g)
-        self.assertEqual(mode_state(), PLAIN)
-        inf = state[1]
-        self.assertEqual(seen, [(False, inf), (False, inf), (False, inf)])
-        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+        def run(func):
+            seen = []
+            g = func(seen)
+            with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
+                self.assertEqual(next(g), 1)
+                self.assertEqual(autograd_state(), before)
+            with self.assertRaises(exc_type):
+                next(g)
+            self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+            return seen, autograd_state()
+
+        decorated, expected = both_ways("no_grad", body, run)
+        self.assertEqual(decorated, expected)
+        first = state_inside(
+            torch.no_grad, caller=CALLER_SETUPS[caller], probe=autograd_state
+        )
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        self.assertEqual(decorated, ([first, no_grad, no_grad], plain))
 
     @parametrize("caller", list(CALLER_MODES))
     @parametrize(
         "exc_type", [KeyboardInterrupt, SystemExit], name_fn=lambda exc: exc.__name__
     )
     def test_critical_exception_thrown_in(self, exc_type, caller):
-        seen = []
-
-        @torch.no_grad()
-        def gen():
+        # Started from a plain caller, thrown in from *caller*: the handler
+        # sees the body's own grad mode (its enable_grad block) and the
+        # thrower's inference mode, as the undecorated body would.
+        def gen(seen):
             with torch.enable_grad():
                 try:
                     yield 1
                 except exc_type:
-                    seen.append(("except", mode_state()))
+                    seen.append(("except", autograd_state()))
                     raise
                 finally:
-                    seen.append(("finally", mode_state()))
+                    seen.append(("finally", autograd_state()))
 
-        g = gen()
-        next(g)
-        err = exc_type("thrown")
-        with enter_all(CALLER_SETUPS[caller]):
-            with self.assertRaises(exc_type) as cm:
-                g.throw(err)
-            self.assertEqual(mode_state(), CALLER_MODES[caller])
-        self.assertIs(cm.exception, err)
-        self.assertEqual(seen, [("except", PLAIN), ("finally", PLAIN)])
+        def run(func):
+            seen = []
+            g = func(seen)
+            next(g)
+            err = exc_type("thrown")
+            with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
+                with self.assertRaises(exc_type) as cm:
+                    g.throw(err)
+                self.assertEqual(autograd_state(), before)
+            self.assertIs(cm.exception, err)
+            return seen, before
+
+        decorated, expected = both_ways("no_grad", gen, run)
+        self.assertEqual(decorated, expected)
+        seen, thrower = decorated
+        plain = on_own_thread(autograd_state)
+        mine = as_carried(GRAD, thrower, plain)
+        self.assertEqual(seen, [("except", mine), ("finally", mine)])
 
     def test_critical_exception_thrown_in_and_caught(self):
         @torch.inference_mode()
@@ -2064,30 +2613,42 @@ class TestGradModeFaults(GradModeTestCase):
 
     @parametrize("caller", list(CALLER_MODES))
     def test_generator_exit_caught_and_yield(self, caller):
-        seen = []
-
-        @torch.no_grad()
-        def gen():
+        # A no_grad body closed while suspended inside its own inference
+        # block, which reached its closer as undecorated, ignores the close:
+        # its handler sees its closer's state (the block's inference mode
+        # among it) with its own grad mode, and the closer gets its own back.
+        def gen(seen):
             with torch.inference_mode():
                 try:
                     yield 1
                 except GeneratorExit:
-                    seen.append(mode_state())
+                    seen.append(autograd_state())
                     yield 2
-                seen.append(mode_state())
+                seen.append(autograd_state())
             yield 3
 
-        g = gen()
-        next(g)
-        with enter_all(CALLER_SETUPS[caller]):
-            with self.assertRaisesRegex(RuntimeError, "ignored GeneratorExit"):
-                g.close()
-            self.assertEqual(mode_state(), CALLER_MODES[caller])
-        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_SUSPENDED)
-        self.assertEqual(next(g), 3)
-        self.assertEqual(seen, [INFERENCE, INFERENCE])
-        g.close()
-        self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+        def run(func):
+            seen = []
+            g = func(seen)
+            next(g)
+            with enter_all(CALLER_SETUPS[caller]):
+                closer = autograd_state()
+                with self.assertRaisesRegex(RuntimeError, "ignored GeneratorExit"):
+                    g.close()
+                self.assertEqual(autograd_state(), closer)
+            self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_SUSPENDED)
+            self.assertEqual(next(g), 3)
+            g.close()
+            self.assertEqual(inspect.getgeneratorstate(g), inspect.GEN_CLOSED)
+            return seen, closer, autograd_state()
+
+        decorated, expected = both_ways("no_grad", gen, run)
+        self.assertEqual(decorated, expected)
+        seen, closer, after = decorated
+        inside = state_inside(torch.no_grad, torch.inference_mode, probe=autograd_state)
+        self.assertEqual(seen[0], as_carried(GRAD, closer, inside))
+        self.assertEqual([s[:2] for s in seen], [INFERENCE, INFERENCE])
+        self.assertEqual(after, on_own_thread(autograd_state))
 
     @parametrize("caller", list(CALLER_MODES))
     def test_stop_iteration_in_body_pep479(self, caller):
@@ -2245,88 +2806,128 @@ class TestGradModeFaults(GradModeTestCase):
 
     # -- asyncio cancellation and timeouts -------------------------------------
 
-    def _cancellable(self, seen):
-        @torch.no_grad()
-        async def body():
-            seen.append(("start", mode_state()))
-            with torch.inference_mode():
-                try:
-                    await asyncio.sleep(30)
-                except asyncio.CancelledError:
-                    seen.append(("except", mode_state()))
-                    raise
-                finally:
-                    seen.append(("finally", mode_state()))
-            seen.append(("after", mode_state()))
+    # A no_grad body suspended inside its own inference block: the block
+    # reaches the other tasks as the undecorated body's does, with their own
+    # grad mode, until the cancellation lands in the body, in its state, and
+    # the block's exit gives the thread its whole state back.
 
-        return body
+    @staticmethod
+    async def _cancellable(seen):
+        seen.append(("start", autograd_state()))
+        with torch.inference_mode():
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append(("except", autograd_state()))
+                raise
+            finally:
+                seen.append(("finally", autograd_state()))
+        seen.append(("after", autograd_state()))
+
+    def check_cancelled(self, seen, others):
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
+        inside = state_inside(torch.no_grad, torch.inference_mode, probe=autograd_state)
+        plain = on_own_thread(autograd_state)
+        self.assertEqual(
+            seen, [("start", no_grad), ("except", inside), ("finally", inside)]
+        )
+        during, after = others[:-1], others[-1]
+        self.assertEqual(during, [as_carried(GRAD, inside, plain)] * len(during))
+        self.assertEqual(after, plain)
 
     def test_task_cancelled_while_suspended_in_own_block(self):
-        seen = []
-        body = self._cancellable(seen)
+        def run(func):
+            seen, others = [], []
 
-        async def main():
-            task = asyncio.ensure_future(body())
-            for _ in range(3):
-                await asyncio.sleep(0)
-                self.assertEqual(mode_state(), PLAIN)
-            task.cancel()
-            with self.assertRaises(asyncio.CancelledError):
-                await task
-            self.assertEqual(mode_state(), PLAIN)
+            async def main():
+                task = asyncio.ensure_future(func(seen))
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                    others.append(autograd_state())
+                task.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await task
+                others.append(autograd_state())
 
-        asyncio.run(main())
-        self.assertEqual(
-            seen, [("start", NO_GRAD), ("except", INFERENCE), ("finally", INFERENCE)]
-        )
+            asyncio.run(main())
+            return seen, others
+
+        decorated, expected = both_ways("no_grad", self._cancellable, run)
+        self.assertEqual(decorated, expected)
+        self.check_cancelled(*decorated)
 
     def test_wait_for_timeout_while_suspended_in_own_block(self):
-        seen = []
-        body = self._cancellable(seen)
+        def run(func):
+            seen, others = [], []
 
-        async def main():
-            with self.assertRaises(asyncio.TimeoutError):
-                await asyncio.wait_for(body(), 0.01)
-            self.assertEqual(mode_state(), PLAIN)
+            async def other(body):
+                for _ in range(5):  # by then wait_for's task runs the body
+                    await asyncio.sleep(0)
+                others.append(autograd_state())
+                while not body.done():
+                    await asyncio.sleep(0)
 
-        asyncio.run(main())
-        self.assertEqual(
-            seen, [("start", NO_GRAD), ("except", INFERENCE), ("finally", INFERENCE)]
-        )
+            async def main():
+                body = asyncio.ensure_future(asyncio.wait_for(func(seen), 0.01))
+                await other(body)
+                with self.assertRaises(asyncio.TimeoutError):
+                    await body
+                others.append(autograd_state())
+
+            asyncio.run(main())
+            return seen, others
+
+        decorated, expected = both_ways("no_grad", self._cancellable, run)
+        self.assertEqual(decorated, expected)
+        self.check_cancelled(*decorated)
 
     def test_async_generator_cancelled_while_suspended_in_own_block(self):
-        seen = []
-
-        @torch.enable_grad()
-        async def agen():
+        # An enable_grad async generator suspended in its own inference block:
+        # the block reaches the undecorated task that drives the consumer, with
+        # that task's own grad mode (no_grad), until the cancellation.
+        async def agen(seen):
             with torch.inference_mode():
                 yield 1
                 try:
                     await asyncio.sleep(30)
                 except asyncio.CancelledError:
-                    seen.append(("except", mode_state()))
+                    seen.append(("except", autograd_state()))
                     raise
                 finally:
-                    seen.append(("finally", mode_state()))
+                    seen.append(("finally", autograd_state()))
 
-        async def consume():
-            async for _ in agen():
-                pass
+        def run(func):
+            seen, main_states = [], []
 
-        async def main():
-            # The one undecorated task: its own mode is checked.
-            with torch.no_grad():
-                task = asyncio.ensure_future(consume())
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
-                self.assertEqual(mode_state(), NO_GRAD)
-                task.cancel()
-                with self.assertRaises(asyncio.CancelledError):
-                    await task
-                self.assertEqual(mode_state(), NO_GRAD)
+            async def consume():
+                async for _ in func(seen):
+                    pass
 
-        asyncio.run(main())
-        self.assertEqual(seen, [("except", INFERENCE), ("finally", INFERENCE)])
+            async def main():
+                # The one undecorated task: its own state is recorded.
+                with torch.no_grad():
+                    task = asyncio.ensure_future(consume())
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    main_states.append(autograd_state())
+                    task.cancel()
+                    with self.assertRaises(asyncio.CancelledError):
+                        await task
+                    main_states.append(autograd_state())
+
+            asyncio.run(main())
+            return seen, main_states
+
+        decorated, expected = both_ways("enable_grad", agen, run)
+        self.assertEqual(decorated, expected)
+        seen, main_states = decorated
+        caller = [torch.no_grad]
+        inside = state_inside(
+            torch.enable_grad, torch.inference_mode, caller=caller, probe=autograd_state
+        )
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
+        self.assertEqual(seen, [("except", inside), ("finally", inside)])
+        self.assertEqual(main_states, [as_carried(GRAD, inside, no_grad), no_grad])
 
     # -- tracebacks ------------------------------------------------------------
 
@@ -2431,127 +3032,161 @@ class TestGradModeFaults(GradModeTestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeThreads(GradModeTestCase):
+    """A body carries what its decorator carries from thread to thread; the
+    rest of its state is the thread's that steps it, as undecorated (a block
+    it leaves open is then in the state of the thread it opened it on)."""
+
     def test_generator_created_in_one_thread_stepped_from_others(self):
-        @torch.no_grad()
         def gen():
-            yield mode_state()
+            yield autograd_state()
             with torch.inference_mode():
-                yield mode_state()
-                yield mode_state()
+                yield autograd_state()
+                yield autograd_state()
             with torch.enable_grad():
-                yield mode_state()
-            yield mode_state()
+                yield autograd_state()
+            yield autograd_state()
 
-        g = on_own_thread(gen)
-        results = []
-        for caller in [*CALLER_MODES, "plain"]:
+        callers = [*CALLER_MODES, "plain"]
 
-            def step(caller=caller):
-                with enter_all(CALLER_SETUPS[caller]):
-                    value = next(g)
-                    return value, mode_state() == CALLER_MODES[caller]
+        def run(func):
+            g = on_own_thread(func)
+            results = []
+            for caller in callers:
 
-            results.append(on_own_thread(step))
+                def step(caller=caller):
+                    with enter_all(CALLER_SETUPS[caller]):
+                        before = autograd_state()
+                        return next(g), before, autograd_state()
+
+                results.append(on_own_thread(step))
+            with self.assertRaises(StopIteration):
+                next(g)
+            return results
+
+        decorated, expected = both_ways("no_grad", gen, run)
+        self.assertEqual(decorated, expected)
+        # The body's own grad mode goes with it from thread to thread, and
+        # each stepping thread gets its own back; inference mode is each
+        # step's thread's, but for the step that opens the block (the second
+        # step's thread keeps it: it reached that thread, as undecorated).
         self.assertEqual(
-            [v for v, _ in results], [NO_GRAD, INFERENCE, INFERENCE, PLAIN, NO_GRAD]
+            [seen[:2] for seen, _, _ in decorated],
+            [NO_GRAD, INFERENCE, (False, CALLER_MODES["inference_mode"][1]), PLAIN, NO_GRAD],
         )
-        self.assertTrue(all(ok for _, ok in results))
-        with self.assertRaises(StopIteration):
-            next(g)
-        self.assertEqual(mode_state(), PLAIN)
+        self.assertEqual(
+            [after[0] for _, _, after in decorated],
+            [before[0] for _, before, _ in decorated],
+        )
+        self.assertEqual(decorated[1][2][:2], (CALLER_MODES["no_grad"][0], True))
 
     def test_parked_generator_closed_from_another_thread(self):
-        seen = []
-
-        @torch.no_grad()
-        def gen():
+        # Parked inside its own inference block on one thread (which the block
+        # reached, as undecorated), closed from another: its finally sees the
+        # closing thread's state with its own grad mode.
+        def gen(seen):
             with torch.inference_mode():
                 try:
                     yield 1
                 finally:
-                    seen.append(mode_state())
+                    seen.append(autograd_state())
 
-        g = gen()
-        next(g)  # parked inside its inference block, on this thread
-        self.assertEqual(mode_state(), PLAIN)
+        def run(func):
+            seen = []
+            g = func(seen)
+            next(g)  # parked inside its inference block, on this thread
+            parked = autograd_state()
 
-        def close():
-            with torch.no_grad():
-                g.close()
-                return mode_state()
+            def close():
+                with torch.no_grad():
+                    before = autograd_state()
+                    g.close()
+                    return before, autograd_state()
 
-        self.assertEqual(on_own_thread(close), NO_GRAD)
-        self.assertEqual(seen, [INFERENCE])
-        self.assertEqual(mode_state(), PLAIN)
+            return seen, parked, on_own_thread(close)
+
+        decorated, expected = both_ways("no_grad", gen, run)
+        self.assertEqual(decorated, expected)
+        seen, parked, (before, after) = decorated
+        plain = on_own_thread(autograd_state)
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
+        inside = state_inside(torch.no_grad, torch.inference_mode, probe=autograd_state)
+        self.assertEqual(parked, as_carried(GRAD, inside, plain))
+        self.assertEqual(seen, [no_grad])
+        self.assertEqual(before[0], after[0])
 
     def test_many_threads_many_generators(self):
+        # Each thread steps generators of its own, each with a decorator that
+        # carries grad mode, inference mode or a flag, from random caller
+        # states; every thread's trace is the reference's, the caller gets
+        # its own back of what each decorator carries, and each body sees
+        # what it set itself in the step that set it.
         n_threads, n_steps = 8, 100
         decorators = [
-            (torch.no_grad, NO_GRAD),
-            (torch.enable_grad, PLAIN),
-            (lambda: torch.set_grad_enabled(False), NO_GRAD),
-            (torch.inference_mode, INFERENCE),
+            "no_grad",
+            "enable_grad",
+            "set_grad_enabled_False",
+            "inference_mode",
+            "set_multithreading_enabled_False",
         ]
-        errors = []
         barrier = threading.Barrier(n_threads)
 
-        def make(dec_index):
-            make_ctx, inside = decorators[dec_index]
+        def body():
+            while True:
+                # The decorator's state, then a block the body keeps open
+                # across a yield.
+                yield "dec", autograd_state()
+                with torch.inference_mode():
+                    yield "inf", autograd_state()
+                with torch.enable_grad():
+                    yield "grad", autograd_state()
 
-            @make_ctx()
-            def gen():
-                while True:
-                    # The decorator's mode, then a block the body keeps open
-                    # across a yield.
-                    yield ("dec", mode_state())
-                    with torch.inference_mode():
-                        yield ("inf", mode_state())
-                    with torch.enable_grad():
-                        yield ("grad", mode_state())
-
-            return gen(), inside
-
-        def worker(seed):
+        def worker(seed, wrap, wait):
             rng = random.Random(seed)
-            try:
+            if wait:
                 barrier.wait(30)
-                gens = [make(rng.randrange(len(decorators))) for _ in range(4)]
-                for _ in range(n_steps):
-                    g, inside = rng.choice(gens)
-                    grad, inf = rng.random() < 0.5, rng.random() < 0.3
-                    guard = torch._C._InferenceMode(True) if inf else None
-                    torch._C._set_grad_enabled(grad)
-                    try:
-                        tag, state = next(g)
-                        after = mode_state()
-                    finally:
-                        if guard is not None:
-                            guard.__exit__(None, None, None)
-                        torch._C._set_grad_enabled(True)
-                    if after != (grad, inf):
-                        errors.append(("caller", seed, (grad, inf), after))
-                    # The body starts in its first caller's state, but every
-                    # decorator here fixes grad mode; inference mode is either
-                    # forced by the decorator / block or inherited at start.
-                    if tag == "dec" and state[0] != inside[0]:
-                        errors.append(("body", seed, tag, state))
-                    if tag == "inf" and state != INFERENCE:
-                        errors.append(("body", seed, tag, state))
-                    if tag == "grad" and not state[0]:
-                        errors.append(("body", seed, tag, state))
-                    if mode_state() != PLAIN:
-                        errors.append(("reset", seed, mode_state()))
-                for g, _ in gens:
-                    g.close()
-            except BaseException as e:
-                errors.append(("exception", seed, repr(e)))
+            gens = []
+            for _ in range(4):
+                name = decorators[rng.randrange(len(decorators))]
+                gens.append((wrap(name, body)(), name))
+            trace = []
+            for _ in range(n_steps):
+                g, name = rng.choice(gens)
+                grad, inf = rng.random() < 0.5, rng.random() < 0.3
+                guard = torch._C._InferenceMode(True) if inf else None
+                torch._C._set_grad_enabled(grad)
+                try:
+                    before = autograd_state()
+                    tag, state = next(g)
+                    after = autograd_state()
+                finally:
+                    if guard is not None:
+                        guard.__exit__(None, None, None)
+                    torch._C._set_grad_enabled(True)
+                trace.append((name, tag, state, before, after))
+            for g, _ in gens:
+                g.close()
+            return trace
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        self.assertEqual(errors[:5], [])
+        def decorate(name, func):
+            return DECORATORS[name]()(func)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n_threads) as pool:
+            futures = [
+                pool.submit(worker, seed, decorate, True) for seed in range(n_threads)
+            ]
+            traces = [future.result(timeout=120) for future in futures]
+        for seed, trace in enumerate(traces):
+            self.assertEqual(trace, on_own_thread(worker, seed, reference, False))
+            for name, tag, state, before, after in trace:
+                carry = CARRIES[name]
+                self.assertEqual(as_carried(carry, after, before), after)
+                own = state_inside(DECORATORS[name], probe=autograd_state)
+                if tag == "dec" and carry is not WHOLE:
+                    self.assertEqual(as_carried(carry, state, own), state)
+                if tag == "inf":
+                    self.assertEqual(state[:2], INFERENCE)
+                if tag == "grad":
+                    self.assertTrue(state[0])
         self.assertEqual(mode_state(), PLAIN)
 
 
@@ -2571,22 +3206,21 @@ class TestGradModeGarbageCollection(GradModeTestCase):
             gc.enable()
         super().tearDown()
 
-    def _dropped_in_cycles(self, caller):
-        """Suspend one decorated body of each kind, drop it in a cycle, collect
-        with the collector's caller in *caller*."""
+    def _dropped_in_cycles(self, caller, decorate):
+        """Suspend one body of each kind, decorated with *decorate*, drop it in a
+        cycle, collect with the collector's caller in *caller*; return what
+        each body's finally saw and the collector's state before and after."""
         seen = {}
 
         def record(key):
-            seen[key] = mode_state()
+            seen[key] = autograd_state()
 
-        @torch.no_grad()
         def gen(box):
             try:
                 yield 1
             finally:
                 record("gen")
 
-        @torch.no_grad()
         def gen_in_block(box):
             with torch.inference_mode():
                 try:
@@ -2594,20 +3228,19 @@ class TestGradModeGarbageCollection(GradModeTestCase):
                 finally:
                     record("gen_in_block")
 
-        @torch.no_grad()
         async def coro(box):
             try:
                 await suspend()
             finally:
                 record("coro")
 
-        @torch.no_grad()
         async def agen(box):
             try:
                 yield 1
             finally:
                 record("agen")
 
+        gen, gen_in_block, coro, agen = map(decorate, (gen, gen_in_block, coro, agen))
         gc.collect()
         gc.disable()
         try:
@@ -2628,25 +3261,33 @@ class TestGradModeGarbageCollection(GradModeTestCase):
             del g, c, a, box
             self.assertEqual(seen, {})
             with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
                 gc.collect()
-                after = mode_state()
+                after = autograd_state()
         finally:
             gc.enable()
-        self.assertEqual(after, CALLER_MODES[caller])
-        return seen
+        return seen, before, after
 
     @parametrize("collector", list(CALLER_MODES))
     def test_dropped_bodies_finalised_in_their_mode(self, collector):
-        seen = self._dropped_in_cycles(collector)
-        self.assertEqual(
-            seen,
-            {
-                "gen": NO_GRAD,
-                "gen_in_block": INFERENCE,
-                "coro": NO_GRAD,
-                "agen": NO_GRAD,
-            },
+        # Each no_grad body is closed in its own grad mode, whatever its
+        # collector's; the rest of the state its finally sees is the thread's,
+        # which holds the inference block the gen_in_block body left open (it
+        # reached the thread as undecorated), and that block's exit gives the
+        # collector back the rest of the state it was opened in.
+        decorated = on_own_thread(
+            self._dropped_in_cycles, collector, lambda fn: torch.no_grad()(fn)
         )
+        expected = on_own_thread(
+            self._dropped_in_cycles, collector, lambda fn: reference("no_grad", fn)
+        )
+        self.assertEqual(decorated, expected)
+        seen, before, after = decorated
+        self.assertEqual(sorted(seen), ["agen", "coro", "gen", "gen_in_block"])
+        self.assertEqual([state[0] for state in seen.values()], [False] * 4)
+        self.assertEqual(seen["gen_in_block"][:2], INFERENCE)
+        no_grad = state_inside(torch.no_grad, probe=autograd_state)
+        self.assertEqual(after, as_carried(GRAD, no_grad, before))
 
     def _no_cycles(self, loop):
         gc.collect()
@@ -3197,60 +3838,89 @@ class TestGradModeDriverDetails(GradModeTestCase):
         self.assertEqual(M.c(), (M, INFERENCE))
 
     def test_body_starts_in_caller_inference_state(self):
-        # set_grad_enabled only sets grad mode: inference mode is the first
-        # caller's.
-        @torch.set_grad_enabled(True)
-        def gen():
-            yield mode_state()
-            yield mode_state()
+        # set_grad_enabled sets, and so carries, only grad mode: the body
+        # starts in its first caller's inference mode and sees each later
+        # caller's, as undecorated, with the grad mode it keeps.
+        def gen(seen):
+            seen.append(autograd_state())
+            yield
+            seen.append(autograd_state())
+            yield
+            seen.append(autograd_state())
 
-        with torch.inference_mode():
-            g = gen()
-            self.assertEqual(next(g), INFERENCE_GRAD)
-        self.assertEqual(next(g), INFERENCE_GRAD)
-        with torch.no_grad():
-            with self.assertRaises(StopIteration):
+        def run(func):
+            seen = []
+            g = func(seen)
+            with torch.inference_mode():
                 next(g)
-            self.assertEqual(mode_state(), NO_GRAD)
+            next(g)
+            with torch.no_grad():
+                with self.assertRaises(StopIteration):
+                    next(g)
+                after = autograd_state()
+            return seen, after
+
+        decorated, expected = both_ways("set_grad_enabled_True", gen, run)
+        self.assertEqual(decorated, expected)
+        seen, after = decorated
+        self.assertEqual([state[:2] for state in seen], [INFERENCE_GRAD, PLAIN, PLAIN])
+        self.assertEqual(after, state_inside(torch.no_grad, probe=autograd_state))
 
     @parametrize("caller", list(CALLER_MODES))
     @parametrize("first", list(CALLER_MODES))
     def test_body_changes_persist_in_every_caller_mode(self, first, caller):
-        @torch.no_grad()
+        # A no_grad body's own grad-mode changes, by call and by block, persist
+        # across its yields whatever its callers; its inference mode is its
+        # caller's (the first's, then the later one's) outside its own
+        # inference blocks, and its own inside them.
         def gen():
-            yield mode_state()
+            yield autograd_state()
             torch.set_grad_enabled(True)
-            yield mode_state()
+            yield autograd_state()
             with torch.inference_mode():
-                yield mode_state()
+                yield autograd_state()
                 with torch.inference_mode(False):
-                    yield mode_state()
-                yield mode_state()
-            yield mode_state()
+                    yield autograd_state()
+                yield autograd_state()
+            yield autograd_state()
 
+        def run(func):
+            with enter_all(CALLER_SETUPS[first]):
+                g = func()
+                got = [next(g)]
+            with enter_all(CALLER_SETUPS[caller]):
+                before = autograd_state()
+                got += list(g)
+                self.assertEqual(autograd_state(), before)
+            return got
+
+        decorated, expected = both_ways("no_grad", gen, run)
+        self.assertEqual(decorated, expected)
         want = [NO_GRAD, PLAIN, INFERENCE, PLAIN, INFERENCE, PLAIN]
-        with enter_all(CALLER_SETUPS[first]):
-            g = gen()
-            got = [next(g)]
-        inf = CALLER_MODES[first][1]
-        with enter_all(CALLER_SETUPS[caller]):
-            got += list(g)
-            self.assertEqual(mode_state(), CALLER_MODES[caller])
-        # Before the body's own inference block, inference mode is the first
-        # caller's.
-        self.assertEqual(got[:2], [(want[0][0], inf), (want[1][0], inf)])
+        got = [state[:2] for state in decorated]
+        inf_first, inf_caller = CALLER_MODES[first][1], CALLER_MODES[caller][1]
+        self.assertEqual(got[:2], [(want[0][0], inf_first), (want[1][0], inf_caller)])
         self.assertEqual(got[2:5], want[2:5])
-        self.assertEqual(got[5], (True, inf))
+        self.assertEqual(got[5], (True, inf_caller))
 
     @parametrize(
-        "declared", ["by_the_class", "inherited", "overridden", "redeclared"]
+        "declared",
+        [
+            "by_the_class",
+            "inherited",
+            "overriding_init",
+            "overriding_clone",
+            "overridden",
+            "redeclared",
+        ],
     )
     def test_carried_state_is_read_from_the_defining_class(self, declared):
         # A class declares with _carried_state the thread state its __enter__
         # and __exit__ set; the declaration is read from the class that
-        # defines them.  Carried: entered once, to start the body's state,
-        # which the body keeps across yields.  Not carried (a subclass that
-        # overrides __enter__ without declaring it again): entered around
+        # defines them, so a subclass that overrides only __init__ or clone
+        # carries its parent's.  Carried: entered once, to start the body's
+        # state, which the body keeps across yields.  Not carried (a subclass
+        # that overrides __enter__ without declaring it again): entered around
         # every step, which overrides the body's own block from the second
         # step on, as stock torch does for generators.
         carried = (
@@ -3274,6 +3944,16 @@ class TestGradModeDriverDetails(GradModeTestCase):
         class Inherited(Once):
             pass  # the same __enter__ and __exit__: carried too
 
+        class OverridingInit(Once):
+            def __init__(self):  # makes its contexts otherwise: carried still
+                super().__init__()
+                self.made = True
+
+        class OverridingClone(Once):
+            def clone(self):
+                log.append("clone")
+                return OverridingClone()
+
         class Overridden(Once):
             def __enter__(self):
                 super().__enter__()
@@ -3287,6 +3967,12 @@ class TestGradModeDriverDetails(GradModeTestCase):
         cls, want_log, want_seen = {
             "by_the_class": (Once, ["enter", "exit"], [False, True, True]),
             "inherited": (Inherited, ["enter", "exit"], [False, True, True]),
+            "overriding_init": (OverridingInit, ["enter", "exit"], [False, True, True]),
+            "overriding_clone": (
+                OverridingClone,
+                ["clone", "enter", "exit"],
+                [False, True, True],
+            ),
             "overridden": (Overridden, ["enter", "exit"] * 4, [False, True, False]),
             "redeclared": (Redeclared, ["enter", "exit"], [False, True, True]),
         }[declared]
@@ -3304,6 +3990,69 @@ class TestGradModeDriverDetails(GradModeTestCase):
             self.assertTrue(torch.is_grad_enabled())
         self.assertEqual(seen, want_seen)
         self.assertEqual(log, want_log)
+
+    @parametrize("spelling", ["set_grad_enabled", "inference_mode"])
+    def test_plain_call_reads_the_instance_at_each_call(self, spelling):
+        # As stock torch, which enters a clone of the instance at each call:
+        # a decorated plain function runs in the mode the instance has when
+        # it is called, not the one it had when it decorated.
+        if spelling == "set_grad_enabled":
+            ctx, probe = torch.set_grad_enabled(False), torch.is_grad_enabled
+            torch._C._set_grad_enabled(True)  # the constructor's function form
+        else:
+            ctx, probe = torch.inference_mode(True), torch.is_inference_mode_enabled
+
+        @ctx
+        def plain():
+            return probe()
+
+        first = plain()
+        ctx.mode = not ctx.mode
+        self.assertEqual([first, plain()], [not ctx.mode, ctx.mode])
+        self.assertEqual(mode_state(), PLAIN)
+
+    @parametrize("overriding", ["__init__", "clone"])
+    def test_subclass_making_its_contexts_otherwise(self, overriding):
+        # A subclass of no_grad that overrides __init__ or clone still carries
+        # grad mode in a generator body (its own block persists across yields)
+        # but its plain calls enter a clone, as stock torch does, rather than
+        # take no_grad's direct path.
+        log = []
+        if overriding == "__init__":
+
+            class Sub(torch.no_grad):
+                def __init__(self):
+                    log.append("init")
+                    super().__init__()
+
+        else:
+
+            class Sub(torch.no_grad):
+                def clone(self):
+                    log.append("clone")
+                    return Sub()
+
+        ctx = Sub()
+        log.clear()
+
+        @ctx
+        def plain():
+            return torch.is_grad_enabled()
+
+        @ctx
+        def gen():
+            with torch.enable_grad():
+                yield torch.is_grad_enabled()
+                yield torch.is_grad_enabled()
+            yield torch.is_grad_enabled()
+
+        made = "init" if overriding == "__init__" else "clone"
+        self.assertEqual([plain(), plain()], [False, False])
+        self.assertEqual(log, [made, made])
+        log.clear()
+        self.assertEqual(list(gen()), [True, True, False])
+        self.assertEqual(log, [made])
+        self.assertEqual(mode_state(), PLAIN)
 
     @parametrize("kind", ["generator", "coroutine", "async_generator"])
     def test_private_wrappers_reenter_by_default(self, kind):
@@ -3439,11 +4188,8 @@ class TestGradModeOtherContextManagers(GradModeTestCase):
         def plain():
             return query()
 
-        if cls is torch.autograd.set_multithreading_enabled:
-            # Its decorator line switches the setting (see
-            # test_set_multithreading_enabled_decorator_line).
-            torch._C._set_multithreading_enabled(default)
-        # The decorator line itself leaves the setting alone.
+        # The decorator line itself leaves the setting alone (see
+        # test_set_multithreading_enabled_decorator_line).
         self.assertEqual(query(), default)
         self.assertEqual([plain(), plain()], [not default] * 2)
         self.assertEqual(query(), default)
@@ -3453,19 +4199,18 @@ class TestGradModeOtherContextManagers(GradModeTestCase):
             yield query()
             yield query()
 
-        if cls is torch.autograd.set_multithreading_enabled:
-            torch._C._set_multithreading_enabled(default)
+        self.assertEqual(query(), default)
         self.assertEqual(list(gen()), [not default] * 2)
         self.assertEqual(query(), default)
         self.assertEqual(mode_state(), PLAIN)
 
-    # set_multithreading_enabled, unlike set_grad_enabled,
+    # Stock set_multithreading_enabled, unlike set_grad_enabled,
     # enforce_grad_layout_policy and _force_original_view_tracking, has no
-    # __call__ that undoes what its constructor did:
-    # ``@torch.autograd.set_multithreading_enabled(False)`` on a function turns
-    # multithreaded backward off for the whole thread from the decorator line
-    # on.  This pins that behaviour; a __call__ like the others' would change
-    # it.
+    # __call__ that undoes what its constructor did, so that
+    # ``@torch.autograd.set_multithreading_enabled(False)`` on a function
+    # turned multithreaded backward off for the whole thread from the
+    # decorator line on.  The patch gives it the others' __call__: the
+    # decorator line leaves the setting alone.
     def test_set_multithreading_enabled_decorator_line(self):
         try:
 
@@ -3794,10 +4539,11 @@ def _run_scope(kind, context, block, decorated):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeScopeMatrix(GradModeTestCase):
-    """A context that is not a grad mode owns no autograd state: the body of a
-    generator, coroutine or async generator it decorates sees at every step
-    the autograd state the thread has, as undecorated, and the context is
-    entered afresh around each step."""
+    """A context that carries nothing (not a grad mode, or a subclass of one
+    that overrides __enter__ or __exit__ without declaring _carried_state):
+    the body of a generator, coroutine or async generator it decorates sees
+    at every step the autograd state the thread has, as undecorated, and the
+    context is entered afresh around each step."""
 
     def test_issue_example(self):
         def body():
@@ -3848,11 +4594,11 @@ class TestGradModeScopeMatrix(GradModeTestCase):
         # for the no_grad subclass).
         grad = [state[0] for state, _, _ in seen]
         if context == "no_grad_subclass_overriding_enter":
-            self.assertEqual(grad, ["False"] * steps)
+            self.assertEqual(grad, [False] * steps)
         else:
             self.assertEqual(grad, [outside[0][0] for _, outside in expected])
-            self.assertIn("False", grad)
-            self.assertIn("True", grad)
+            self.assertIn(False, grad)
+            self.assertIn(True, grad)
 
     @parametrize("kind", SCOPE_KINDS)
     @parametrize("context", list(SCOPE_CONTEXTS))
@@ -3865,6 +4611,46 @@ class TestGradModeScopeMatrix(GradModeTestCase):
         reference = _run_scope(kind, context, block, decorated=False)
         self.assertEqual(decorated, reference)
         self.assertTrue(decorated[3])
+
+    @parametrize("kind", ["generator", "coroutine"])
+    def test_close_exits_the_context_with_no_exception(self, kind):
+        # Closing a generator decorated with a context that carries nothing
+        # closes the body with close() inside a fresh context, as stock torch
+        # does: the body gets GeneratorExit, the context's __exit__ gets
+        # (None, None, None).  A coroutine's is closed the same way.
+        log = []
+
+        class Logging(_DecoratorContextManager):
+            def __enter__(self):
+                log.append("enter")
+
+            def __exit__(self, *exc_info):
+                log.append(("exit", exc_info))
+
+        def record_exit():
+            log.append("GeneratorExit")
+
+        @Logging()
+        def gen():
+            try:
+                yield 1
+            except GeneratorExit:
+                record_exit()
+                raise
+
+        @Logging()
+        async def coro():
+            try:
+                await suspend()
+            except GeneratorExit:
+                record_exit()
+                raise
+
+        body = {"generator": gen, "coroutine": coro}[kind]()
+        body.send(None)
+        body.close()
+        clean = ("exit", (None, None, None))
+        self.assertEqual(log, ["enter", clean, "enter", "GeneratorExit", clean])
 
 
 instantiate_parametrized_tests(TestGradModeGenerators)

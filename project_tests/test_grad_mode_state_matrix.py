@@ -2,17 +2,23 @@
 """What a decorated generator, coroutine or async generator owns of the thread
 state, and what not.
 
-The grad-mode decorators own the autograd mode state (``c10::AutogradState``
-and the dispatch key bits inference mode toggles).  For it, the body starts
-from its caller's state with the decorator applied, and the caller gets its
-own back after every step.  Everything else -- autocast, Python dispatch
-modes, dispatch key guards -- a decorated body changes exactly as the same
-body undecorated would.
+A grad-mode decorator owns, and a body it decorates carries, exactly the state
+its own ``with`` block sets (issue #24): grad mode for ``no_grad``,
+``enable_grad`` and ``set_grad_enabled``; its one flag for
+``set_multithreading_enabled``, ``enforce_grad_layout_policy`` and
+``_force_original_view_tracking``; the whole autograd mode state
+(``c10::AutogradState`` and the dispatch key bits inference mode toggles) for
+``inference_mode``.  For that state the body starts from its caller's with the
+decorator applied, keeps its own across its suspensions, and the caller gets
+its own back after every step.  Everything else -- the rest of the autograd
+state, autocast, Python dispatch modes, dispatch key guards -- a decorated
+body sees and changes exactly as the same body undecorated would.
 """
 
 import concurrent.futures
 import contextlib
 import types
+import warnings
 from unittest import mock
 
 import torch
@@ -55,19 +61,56 @@ def autograd_state():
 
 def _decorators():
     """Every grad-mode decorator in every spelling: (name, factory of what goes
-    after the ``@``)."""
+    after the ``@``).  A single-flag mode's factory switches its flag when
+    called (the function form); decorating with what it returns switches it
+    back."""
     for cls in (torch.no_grad, torch.enable_grad, torch.inference_mode):
         yield cls.__name__, lambda cls=cls: cls()
         yield f"{cls.__name__}_bare", lambda cls=cls: cls
+    grad_mode = torch.autograd.grad_mode
     for cls, mode in (
         (torch.set_grad_enabled, False),
         (torch.set_grad_enabled, True),
         (torch.inference_mode, False),
+        (grad_mode.set_multithreading_enabled, False),
+        (grad_mode.set_multithreading_enabled, True),
+        (grad_mode.enforce_grad_layout_policy, False),
+        (grad_mode.enforce_grad_layout_policy, True),
+        (grad_mode._force_original_view_tracking, True),
+        (grad_mode._force_original_view_tracking, False),
     ):
         yield f"{cls.__name__}_{mode}", lambda cls=cls, mode=mode: cls(mode)
 
 
 DECORATORS = dict(_decorators())
+
+# The positions in autograd_state() of what each decorator carries: grad mode,
+# its one flag, or (inference_mode) all of it.
+_GRAD, _MULTITHREADING, _VIEW_REPLAY, _GRAD_LAYOUT = 0, 3, 4, 5
+CARRIED = {
+    name: (
+        (_GRAD,)
+        if name.startswith(("no_grad", "enable_grad", "set_grad_enabled"))
+        else tuple(range(9))
+        if name.startswith("inference_mode")
+        else (_MULTITHREADING,)
+        if name.startswith("set_multithreading_enabled")
+        else (_GRAD_LAYOUT,)
+        if name.startswith("enforce_grad_layout_policy")
+        else (_VIEW_REPLAY,)
+    )
+    for name in DECORATORS
+}
+
+
+def as_carried(decorator, state, own):
+    """*state* (an ``autograd_state()``) with the part *decorator* carries taken
+    from *own*."""
+    carried = CARRIED[decorator]
+    return tuple(
+        mine if i in carried else theirs
+        for i, (theirs, mine) in enumerate(zip(state, own))
+    )
 
 
 def context_of(make):
@@ -77,10 +120,10 @@ def context_of(make):
     return ctx() if isinstance(ctx, type) else ctx
 
 
-def on_own_thread(fn):
-    """``fn()`` on a new thread, which starts in the default autograd state."""
+def on_own_thread(fn, *args):
+    """``fn(*args)`` on a new thread, which starts in the default autograd state."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(fn).result()
+        return pool.submit(fn, *args).result()
 
 
 KINDS = ("generator", "coroutine", "async_generator")
@@ -273,7 +316,8 @@ class TestGradModeUnownedState(TestCase):
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOwnedState(TestCase):
     """The body starts from the caller's whole autograd mode state, with the
-    decorator applied."""
+    decorator applied; afterwards it keeps its own of what the decorator
+    carries, and shares the rest with its callers, as undecorated."""
 
     @parametrize("setting", list(CALLER_SETTINGS))
     @parametrize("decorator", DECORATOR_NAMES)
@@ -301,6 +345,82 @@ class TestGradModeOwnedState(TestCase):
         seen, between = on_own_thread(actual)
         self.assertEqual(seen, [inside] * (STEPS + 1))
         self.assertEqual(between, [outside] * STEPS)
+
+    @parametrize("setting", list(CALLER_SETTINGS))
+    @parametrize("decorator", DECORATOR_NAMES)
+    @parametrize("kind", KINDS)
+    def test_caller_change_between_steps_reaches_body_unless_carried(
+        self, kind, decorator, setting
+    ):
+        # The caller takes the first step plainly and the others inside a
+        # setting: the body sees what the undecorated body sees, but for what
+        # its decorator carries, which stays as its first step set it (a
+        # caller's multithreading, view-replay, forward-AD or layout change
+        # reaches a no_grad body; only inference_mode's body sees none).
+        enter_setting = CALLER_SETTINGS[setting]
+
+        def run(decorated):
+            seen, after = [], []
+
+            @contextlib.contextmanager
+            def around(n):
+                with enter_setting() if n else contextlib.nullcontext():
+                    yield
+                    after.append(autograd_state())
+
+            body = _body(kind, contextlib.nullcontext, autograd_state, seen)
+            if decorated:
+                body = _decorator(decorator)()(body)
+            _drive(kind, body, lambda: None, around)
+            return seen, after
+
+        def first():
+            with context_of(_decorator(decorator)):
+                return autograd_state()
+
+        seen, after = on_own_thread(run, True)
+        undecorated_seen, undecorated_after = on_own_thread(run, False)
+        own = on_own_thread(first)
+        self.assertEqual(len(seen), STEPS + 1)
+        self.assertEqual(
+            seen, [as_carried(decorator, state, own) for state in undecorated_seen]
+        )
+        self.assertEqual(after, undecorated_after)
+
+    @parametrize("setting", list(CALLER_SETTINGS))
+    @parametrize("decorator", DECORATOR_NAMES)
+    @parametrize("kind", KINDS)
+    def test_body_block_reaches_caller_unless_carried(self, kind, decorator, setting):
+        # The body opens a setting's block across its suspensions: it keeps
+        # the whole block, and its plain caller sees what the undecorated
+        # body's does, but for what the decorator carries, which it gets back
+        # as its own (the block of a no_grad body reaches its caller, but for
+        # grad mode; inference_mode's reaches it not at all).
+        enter_setting = CALLER_SETTINGS[setting]
+
+        def run(decorated):
+            seen, between = [], []
+            body = _body(kind, enter_setting, autograd_state, seen)
+            if decorated:
+                body = _decorator(decorator)()(body)
+            _drive(kind, body, lambda: between.append(autograd_state()))
+            return seen, between
+
+        def inside():
+            with context_of(_decorator(decorator)), enter_setting():
+                return autograd_state()
+
+        seen, between = on_own_thread(run, True)
+        undecorated_seen, undecorated_between = on_own_thread(run, False)
+        own, plain = on_own_thread(inside), on_own_thread(autograd_state)
+        self.assertEqual(len(seen), STEPS + 1)
+        self.assertEqual(
+            seen, [as_carried(decorator, state, own) for state in undecorated_seen]
+        )
+        self.assertEqual(
+            between,
+            [as_carried(decorator, state, plain) for state in undecorated_between],
+        )
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
@@ -363,23 +483,61 @@ class TestGradModeKeyGuards(TestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContexts(TestCase):
-    """A subclass of a grad mode that keeps its __enter__ and __exit__ is a grad
-    mode: the body keeps its own block across its suspensions.  One that
-    overrides __enter__ is not: it is entered around each step, and the body's
-    block is overridden by it from the second step on, as stock torch does for
-    generators."""
+    """A subclass of a grad mode carries its parent's state unless it overrides
+    __enter__ or __exit__ without declaring its own _carried_state: one that
+    keeps them (overriding only __init__ or clone, or nothing) is a grad mode,
+    whose body keeps its own block across its suspensions.  One that
+    overrides __enter__ or __exit__ carries nothing: it is entered around each
+    step, and the body's block is overridden by it from the second step on,
+    as stock torch does for generators."""
 
-    @parametrize("subclass", ["plain", "overriding_enter"])
+    @parametrize(
+        "subclass",
+        [
+            "plain",
+            "overriding_init",
+            "overriding_clone",
+            "overriding_enter",
+            "overriding_exit",
+            "overriding_enter_redeclaring",
+        ],
+    )
     @parametrize("kind", KINDS)
     def test_body_block_under_a_subclass(self, kind, subclass):
         class Plain(torch.no_grad):
             pass
 
+        class OverridingInit(torch.no_grad):
+            def __init__(self):
+                super().__init__()
+                self.tag = "made here"
+
+        class OverridingClone(torch.no_grad):
+            def clone(self):
+                return OverridingClone()
+
         class OverridingEnter(torch.no_grad):
             def __enter__(self):
                 super().__enter__()
 
-        cls = {"plain": Plain, "overriding_enter": OverridingEnter}[subclass]
+        class OverridingExit(torch.no_grad):
+            def __exit__(self, *exc_info):
+                super().__exit__(*exc_info)
+
+        class OverridingEnterRedeclaring(torch.no_grad):
+            _carried_state = torch.no_grad._carried_state
+
+            def __enter__(self):
+                super().__enter__()
+
+        cls = {
+            "plain": Plain,
+            "overriding_init": OverridingInit,
+            "overriding_clone": OverridingClone,
+            "overriding_enter": OverridingEnter,
+            "overriding_exit": OverridingExit,
+            "overriding_enter_redeclaring": OverridingEnterRedeclaring,
+        }[subclass]
 
         def run():
             seen, between = [], []
@@ -388,11 +546,195 @@ class TestGradModeOtherContexts(TestCase):
                 _drive(kind, body, lambda: between.append(torch.is_grad_enabled()))
             return seen, between
 
-        expected = {
-            "plain": ([True] * (STEPS + 1), [False] * STEPS),
-            "overriding_enter": ([True] + [False] * STEPS, [False] * STEPS),
-        }[subclass]
+        carried = ([True] * (STEPS + 1), [False] * STEPS)
+        entered_each_step = ([True] + [False] * STEPS, [False] * STEPS)
+        expected = (
+            entered_each_step
+            if subclass in ("overriding_enter", "overriding_exit")
+            else carried
+        )
         self.assertEqual(on_own_thread(run), expected)
+
+
+# autocast as a decorator carries its own device type's autocast state: that
+# device's flag and dtype, the cache flag and the nesting count; every other
+# device type's autocast state, and the autograd state, its body shares with
+# its callers, as undecorated.
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_nesting():
+    """The thread's autocast nesting count (ATen has no getter: one step up and
+    back tells it)."""
+    count = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return count - 1
+
+
+def _without_autocast_keys(keyset_repr):
+    inner = keyset_repr.removeprefix("DispatchKeySet(").removesuffix(")")
+    return tuple(n for n in inner.split(", ") if n and not n.startswith("Autocast"))
+
+
+def autocast_and_autograd_state():
+    """autograd_state(), then each device type's autocast flag and dtype, the
+    cache flag and the nesting count.  The key sets are without their
+    Autocast keys: a device type's is its autocast flag, which comes after."""
+    state = list(autograd_state())
+    state[7:9] = map(_without_autocast_keys, state[7:9])
+    for device in _AUTOCAST_DEVICES:
+        state += [torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)]
+    return (*state, torch.is_autocast_cache_enabled(), autocast_nesting())
+
+
+_AUTOGRAD_FIELDS = 9  # len(autograd_state())
+
+
+def _autocast_fields(device):
+    """The positions in autocast_and_autograd_state() of what autocast(device)
+    carries."""
+    at = _AUTOGRAD_FIELDS + 2 * _AUTOCAST_DEVICES.index(device)
+    end = _AUTOGRAD_FIELDS + 2 * len(_AUTOCAST_DEVICES)
+    return (at, at + 1, end, end + 1)
+
+
+@contextlib.contextmanager
+def _autocast_set(device=None, enabled=None, dtype=None, cache=None):
+    """Set a device type's autocast flag or dtype, or the cache flag, as a block."""
+    saved = autocast_and_autograd_state()
+    try:
+        if enabled is not None:
+            torch.set_autocast_enabled(device, enabled)
+        if dtype is not None:
+            torch.set_autocast_dtype(device, dtype)
+        if cache is not None:
+            torch.set_autocast_cache_enabled(cache)
+        yield
+    finally:
+        base = _AUTOGRAD_FIELDS
+        for i, dev in enumerate(_AUTOCAST_DEVICES):
+            torch.set_autocast_enabled(dev, saved[base + 2 * i])
+            torch.set_autocast_dtype(dev, saved[base + 2 * i + 1])
+        torch.set_autocast_cache_enabled(saved[base + 2 * len(_AUTOCAST_DEVICES)])
+
+
+# Decorators: the device type each carries, and what goes after the ``@``.
+AUTOCAST_DECORATORS = {
+    "autocast_cpu_bf16": ("cpu", lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+    "autocast_cpu_disabled": (
+        "cpu",
+        lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=False),
+    ),
+    "cpu_amp_autocast": ("cpu", lambda: torch.cpu.amp.autocast(dtype=torch.bfloat16)),
+}
+
+# Changes of the autocast and autograd state: a caller's between steps, or a
+# body's block across its suspensions.
+AUTOCAST_CHANGES = {
+    "cpu_off": lambda: _autocast_set("cpu", enabled=False),
+    "cpu_on_float16": lambda: _autocast_set("cpu", enabled=True, dtype=torch.float16),
+    "cuda_on": lambda: _autocast_set("cuda", enabled=True),
+    "cuda_bfloat16": lambda: _autocast_set("cuda", dtype=torch.bfloat16),
+    "cache_off": lambda: _autocast_set(cache=False),
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+}
+
+
+def _quietly(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecated torch.cpu.amp spelling
+        return make()
+
+
+def _as_autocast_carried(device, state, own):
+    carried = _autocast_fields(device)
+    return tuple(
+        mine if i in carried else theirs
+        for i, (theirs, mine) in enumerate(zip(state, own))
+    )
+
+
+@skipIfTorchDynamo(_DYNAMO_SKIP)
+class TestAutocastCarriesItsDeviceType(TestCase):
+    """A body decorated with autocast keeps its own device type's autocast
+    state; its callers' changes of other device types' autocast state, and of
+    the autograd state, reach it, and its own reach its callers, as
+    undecorated."""
+
+    @parametrize("change", list(AUTOCAST_CHANGES))
+    @parametrize("decorator", list(AUTOCAST_DECORATORS))
+    @parametrize("kind", KINDS)
+    def test_caller_change_between_steps_reaches_body_unless_carried(
+        self, kind, decorator, change
+    ):
+        device, make = AUTOCAST_DECORATORS[decorator]
+        enter_change = AUTOCAST_CHANGES[change]
+
+        def run(decorated):
+            seen, after = [], []
+
+            @contextlib.contextmanager
+            def around(n):
+                with enter_change() if n else contextlib.nullcontext():
+                    yield
+                    after.append(autocast_and_autograd_state())
+
+            body = _body(
+                kind, contextlib.nullcontext, autocast_and_autograd_state, seen
+            )
+            if decorated:
+                body = _quietly(make)(body)
+            _drive(kind, body, lambda: None, around)
+            return seen, after
+
+        def first():
+            with _quietly(make):
+                return autocast_and_autograd_state()
+
+        seen, after = on_own_thread(run, True)
+        undecorated_seen, undecorated_after = on_own_thread(run, False)
+        own = on_own_thread(first)
+        self.assertEqual(len(seen), STEPS + 1)
+        self.assertEqual(
+            seen,
+            [_as_autocast_carried(device, s, own) for s in undecorated_seen],
+        )
+        self.assertEqual(after, undecorated_after)
+
+    @parametrize("change", list(AUTOCAST_CHANGES))
+    @parametrize("decorator", list(AUTOCAST_DECORATORS))
+    @parametrize("kind", KINDS)
+    def test_body_block_reaches_caller_unless_carried(self, kind, decorator, change):
+        device, make = AUTOCAST_DECORATORS[decorator]
+        enter_change = AUTOCAST_CHANGES[change]
+
+        def run(decorated):
+            seen, between = [], []
+            body = _body(kind, enter_change, autocast_and_autograd_state, seen)
+            if decorated:
+                body = _quietly(make)(body)
+            _drive(kind, body, lambda: between.append(autocast_and_autograd_state()))
+            return seen, between, autocast_and_autograd_state()
+
+        def inside():
+            with _quietly(make), enter_change():
+                return autocast_and_autograd_state()
+
+        seen, between, after = on_own_thread(run, True)
+        undecorated_seen, undecorated_between, _ = on_own_thread(run, False)
+        own = on_own_thread(inside)
+        plain = on_own_thread(autocast_and_autograd_state)
+        self.assertEqual(len(seen), STEPS + 1)
+        self.assertEqual(
+            seen, [_as_autocast_carried(device, s, own) for s in undecorated_seen]
+        )
+        self.assertEqual(
+            between,
+            [_as_autocast_carried(device, s, plain) for s in undecorated_between],
+        )
+        self.assertEqual(after, plain)
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
@@ -457,6 +799,7 @@ instantiate_parametrized_tests(TestGradModeOwnedState)
 instantiate_parametrized_tests(TestGradModeCompatibility)
 instantiate_parametrized_tests(TestGradModeKeyGuards)
 instantiate_parametrized_tests(TestGradModeOtherContexts)
+instantiate_parametrized_tests(TestAutocastCarriesItsDeviceType)
 
 
 if __name__ == "__main__":
