@@ -39,7 +39,7 @@ class TestGradModeAnyio(suspend_tests.GradModeTestCase):
         @torch.no_grad()
         async def coro():
             seen = [mode_state()]
-            with torch.inference_mode():
+            with torch.enable_grad():
                 await anyio.sleep(0)
                 seen.append(mode_state())
                 await anyio.sleep(0.0001)
@@ -98,7 +98,7 @@ class TestGradModeAnyio(suspend_tests.GradModeTestCase):
             return got, steps
 
         got, steps = anyio.run(main, backend=backend)
-        self.assertEqual(got, [(False, False), (False, True), (False, True), (False, False)])
+        self.assertEqual(got, [(False, False), (True, False), (True, False), (False, False)])
         self.assertEqual(steps, [(True, True), ("a", (False, True)), (True, True), ("c", (False, True))])
         self.assertEqual(cancelled, [(True, True)])
         self.assertEqual(violations, [])

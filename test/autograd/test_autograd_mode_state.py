@@ -5,9 +5,11 @@ generators decorated with inference_mode, which carry it.
 ``torch._C._get_autograd_mode_state()`` captures the calling thread's state;
 ``torch._C._swap_autograd_mode_state(state)`` installs one and returns the
 state it replaced.  A captured state restores the thread's autograd flags and
-the dispatch key bits inference mode toggles exactly.  The state returned by
-installing a captured one is a body's: it carries only the key bits it changed
-itself, unless its inference mode differs from the thread it is installed in.
+its whole local dispatch key set.  The state returned by installing a captured
+one is a body's: it carries only the key bits it changed itself, unless its
+inference mode differs from the thread it is installed in.  The caller's state
+returned by installing a body's gives back only the bits inference mode
+toggles: the others are the thread's while a body steps.
 """
 
 import contextlib
@@ -134,17 +136,25 @@ class TestGradModeAutogradModeState(TestCase):
             self.assertEqual(autograd_state(), before)
 
     def test_other_dispatch_key_bits_are_the_threads(self):
-        # Bits inference mode never toggles belong to the thread, whatever is installed.
+        # Bits inference mode never toggles belong to the thread while a body steps.
         other = (DispatchKey.Python, DispatchKey.ADInplaceOrView)
-        saved = capture()
+        body = swap(capture())
         with excluding(*other):
-            replaced = swap(saved)
+            caller = swap(body)
             self.assertTrue(all(is_excluded(key) for key in other))
-            swap(replaced)
-            inside = capture()
-        replaced = swap(inside)
+            body = swap(caller)
+            self.assertTrue(all(is_excluded(key) for key in other))
+        caller = swap(body)
         self.assertFalse(any(is_excluded(key) for key in other))
-        swap(replaced)
+        swap(caller)
+
+    def test_captured_state_restores_the_whole_key_set(self):
+        # What a body's end needs: the guard's exit restores its first step's key set.
+        before = autograd_state()
+        saved = capture()
+        with excluding(DispatchKey.Python, DispatchKey.ADInplaceOrView):
+            swap(saved)
+            self.assertEqual(autograd_state(), before)
 
     def test_caller_gets_its_backend_bits_back(self):
         # A body excluding one backend's autograd key sets a backend bit every
@@ -335,6 +345,28 @@ class TestGradModeSuspendInferenceMode(TestCase):
         self.step_in_each_caller_state(body)
         self.step_in_each_caller_state(body)
         body.close()
+
+    @parametrize("decorator", INFERENCE_DECORATORS)
+    @parametrize("end", ["exhausted", "closed", "thrown_into"])
+    def test_body_that_ends_leaves_the_callers_other_key_bits(self, decorator, end):
+        # The guard's exit restores the whole key set of the body's first step.
+        def gen():
+            yield
+            yield
+
+        body = INFERENCE_DECORATORS[decorator]()(gen)()
+        next(body)
+        with torch.autocast("cpu"), excluding(DispatchKey.Python):
+            before = autograd_state()
+            if end == "exhausted":
+                next(body)
+                self.assertIsNone(next(body, None))
+            elif end == "closed":
+                body.close()
+            else:
+                self.assertRaises(ValueError, body.throw, ValueError("end"))
+            self.assertEqual(autograd_state(), before)
+            self.assertTrue(torch.is_autocast_enabled("cpu"))
 
     def test_inference_mode_false_body_key_guard_does_not_leak(self):
         autograd_cpu = DispatchKeySet(DispatchKey.AutogradCPU)

@@ -32,7 +32,9 @@ class _Body:
         if self.ctx is None or (self.agen and type(exc) is StopIteration):
             return  # never entered, or an async generator's step that yielded
         ctx, self.ctx = self.ctx, None
-        caller = self.swap(self.state)
+        # Whole: an __exit__ may restore more than the body carries (inference_mode).
+        caller = self.capture()
+        self.swap(self.state)
         try:
             if isinstance(exc, (StopIteration, StopAsyncIteration)):
                 ctx.__exit__(None, None, None)

@@ -5,8 +5,12 @@
 // whatever else the body or its caller changed meanwhile.
 //
 // The state is the thread's c10::AutogradState and the dispatch key bits
-// inference mode toggles.  A captured state holds the thread's bits and is
-// restored exactly.  A body's state holds the bits the body changed itself
+// inference mode toggles.  A state from _get_autograd_mode_state() is
+// restored whole, key set and all: the guard's exit at a body's end restores
+// the key set of the body's first step.  The caller's state that a swap
+// returns gives back only the bits inference mode toggles: the body's step
+// may change the others, as the undecorated body would.  A body's state holds
+// the bits the body changed itself
 // (all of them once its inference mode differs from its caller's), set over
 // the thread's: a body first stepped below autograd (in __torch_dispatch__,
 // say) does not carry that exclusion out of there.
@@ -63,6 +67,7 @@ struct AutogradModeState {
   // body it replaced, handed back to that body when it is swapped out.
   KeyBits owned;
   bool is_body = false;
+  bool whole = false; // from _get_autograd_mode_state(): restored whole
 };
 
 // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
@@ -137,7 +142,11 @@ PyObject* capture(AutogradModeState** out) {
 PyObject* get_autograd_mode_state(PyObject* /*module*/, PyObject* /*noargs*/) {
   HANDLE_TH_ERRORS
   AutogradModeState* state = nullptr;
-  return capture(&state);
+  PyObject* captured = capture(&state);
+  if (captured) {
+    state->whole = true;
+  }
+  return captured;
   END_HANDLE_TH_ERRORS
 }
 
@@ -163,11 +172,13 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
       now->autograd.get_inference_mode() != state.autograd.get_inference_mode();
   const KeyBits& owned =
       state.is_body && !toggles ? state.owned : kInferenceBits;
-  auto keys = now->keys;
-  keys.included_ =
-      overlay(keys.included_, state.keys.included_, owned.included);
-  keys.excluded_ =
-      overlay(keys.excluded_, state.keys.excluded_, owned.excluded);
+  auto keys = state.whole ? state.keys : now->keys;
+  if (!state.whole) {
+    keys.included_ =
+        overlay(keys.included_, state.keys.included_, owned.included);
+    keys.excluded_ =
+        overlay(keys.excluded_, state.keys.excluded_, owned.excluded);
+  }
   if (state.is_body) {
     now->owned = state.owned;
   } else {

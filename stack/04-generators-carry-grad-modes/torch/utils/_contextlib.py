@@ -20,7 +20,9 @@ class _Body:
         if self.ctx is None:
             return  # never entered
         ctx, self.ctx = self.ctx, None
-        caller = self.swap(self.state)
+        # Whole: an __exit__ may restore more than the body carries (inference_mode).
+        caller = self.capture()
+        self.swap(self.state)
         try:
             if isinstance(exc, StopIteration):
                 ctx.__exit__(None, None, None)
@@ -28,6 +30,58 @@ class _Body:
                 ctx.__exit__(type(exc), exc, exc.__traceback__)
         finally:
             self.swap(caller)
+
+
+def _driver(start):
+    """Make a generator function that steps the ``(_Body, iterator)`` that *start* returns."""
+
+    def drive(*args, **kwargs):
+        body, it = start(*args, **kwargs)
+        del args, kwargs  # the body may drop them
+        if body.ctx is None and body.swap and _traced():
+            body.swap = None
+        method, arg, responses = it.send, None, []
+        try:
+            while True:
+                if body.swap:
+                    if body.ctx is None:
+                        body.enter()
+                    caller = body.swap(body.state)
+                    try:
+                        responses.append(method(arg))
+                    finally:
+                        body.state, caller = body.swap(caller), None
+                else:
+                    with body.ctx_factory():
+                        responses.append(method(arg))
+                    if not responses:
+                        return  # the context suppressed what ended the body
+                arg = None
+                try:
+                    # Popped as it is handed over: the caller may drop it.
+                    arg = yield responses.pop()
+                except BaseException as exc:
+                    if type(exc) is GeneratorExit and not body.swap:
+                        # Closed in the context, as before: __exit__ sees no exception.
+                        with body.ctx_factory():
+                            it.close()
+                        raise
+                    # Thrown next pass (so no __context__), without this frame's entry.
+                    exc = exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
+                    method, arg = it.throw, exc
+                else:
+                    method = it.send
+        except StopIteration as stop:
+            body.exit(stop)
+            return stop.value
+        except BaseException as exc:
+            body.exit(exc)
+            raise
+        finally:
+            # What was thrown in holds this frame in its traceback: a cycle.
+            it = method = arg = None
+
+    return drive
 
 
 def context_decorator(ctx, func, *, carried=None):
