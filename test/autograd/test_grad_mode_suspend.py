@@ -548,6 +548,22 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
             self.assertIsNone(group())
         body.close()
 
+    def test_exit_that_suppresses_ends_the_body_as_a_with_block_would(self):
+        class SuppressingNoGrad(torch.no_grad):
+            _carried_state = torch.no_grad._carried_state  # declared: carries grad mode
+
+            def __exit__(self, *exc_info):
+                super().__exit__(*exc_info)
+                return True
+
+        @SuppressingNoGrad()
+        def gen():
+            yield torch.is_grad_enabled()
+            raise Boom
+
+        self.assertEqual(list(gen()), [False])
+        self.assertTrue(torch.is_grad_enabled())
+
     def test_compiled_function_steps_a_decorated_generator(self):
         @torch.no_grad()
         def gen(x):

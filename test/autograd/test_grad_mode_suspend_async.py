@@ -854,6 +854,26 @@ class TestGradModeSuspendAsyncFixes(AsyncAutogradStateTestCase):
         coro.close()
         self.assertEqual(log, ["enter", "exit"] * 3)
 
+    @parametrize("kind", KINDS)
+    def test_exit_that_suppresses_ends_the_body_as_a_with_block_would(self, kind):
+        class SuppressingNoGrad(torch.no_grad):
+            _carried_state = torch.no_grad._carried_state  # declared: carries grad mode
+
+            def __exit__(self, *exc_info):
+                super().__exit__(*exc_info)
+                return True
+
+        def script():
+            yield torch.is_grad_enabled()
+            raise Boom
+
+        body = start(kind, SuppressingNoGrad()(of_kind(kind, script)))
+        self.assertFalse(body.send(None))
+        with self.assertRaises(StopIteration) as ended:
+            body.send(None)
+        self.assertIsNone(ended.exception.value)
+        self.assertTrue(torch.is_grad_enabled())
+
     def test_yielded_value_is_freed_once_the_caller_drops_it(self):
         @torch.no_grad()
         async def async_generator():

