@@ -50,6 +50,7 @@ import warnings
 from typing import Any, Callable, NamedTuple
 
 import torch
+from test_grad_mode_matrix import enter_all, on_own_thread
 
 C = torch._C
 
@@ -349,20 +350,6 @@ CALLER_SETUPS = {
 DECORATOR_LIST = list(DECORATORS.items())
 CALLER_LIST = list(CALLER_SETUPS.items())
 BLOCK_NAMES = list(BLOCKS)
-
-
-@contextlib.contextmanager
-def enter_all(factories):
-    with contextlib.ExitStack() as stack:
-        for factory in factories:
-            stack.enter_context(factory())
-        yield
-
-
-def on_own_thread(fn, *args):
-    """``fn(*args)`` on a new thread, which starts in the default thread state."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(fn, *args).result()
 
 
 @contextlib.contextmanager

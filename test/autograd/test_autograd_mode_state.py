@@ -368,25 +368,6 @@ class TestGradModeSuspendInferenceMode(TestCase):
             self.assertEqual(autograd_state(), before)
             self.assertTrue(torch.is_autocast_enabled("cpu"))
 
-    @parametrize("end", ["closed", "collected"])
-    def test_guard_freed_with_a_closed_body_leaves_the_caller_its_state(self, end):
-        # The body's frame outlives the step that closes it, in GeneratorExit's traceback.
-        @torch.inference_mode()
-        def gen():
-            guard = torch._C._InferenceMode(True)
-            yield
-            del guard
-
-        body = gen()
-        next(body)
-        before = autograd_state()
-        if end == "closed":
-            body.close()
-        else:
-            del body
-            gc.collect()
-        self.assertEqual(autograd_state(), before)
-
     def test_inference_mode_false_body_key_guard_does_not_leak(self):
         autograd_cpu = DispatchKeySet(DispatchKey.AutogradCPU)
 

@@ -35,8 +35,6 @@ class _Body:
         # Whole: inference_mode's guard restores more than the body carries.
         caller = self.capture()
         self.swap(self.state)
-        if type(exc) is GeneratorExit:
-            exc.__traceback__ = None  # frees the body's frame (and its guards) in its state
         try:
             if isinstance(exc, (StopIteration, StopAsyncIteration)):
                 ctx.__exit__(None, None, None)
@@ -90,7 +88,7 @@ def _driver(start):
                 except BaseException as exc:
                     if type(exc) is GeneratorExit and not getattr(it, "cr_frame", 1):
                         raise  # a coroutine the collector finalised first
-                    if type(exc) is GeneratorExit and not swap:
+                    if isinstance(exc, GeneratorExit) and not swap:
                         # Closed in the context, as before: __exit__ sees no exception.
                         with body.ctx_factory():
                             it.close()

@@ -35,12 +35,12 @@ def _driver(start):
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # the body may drop them
-        if body.ctx is None and body.swap and _traced():
+        if body.swap and _traced():
             body.swap = None
         swap, send = body.swap, it.send
         method, arg, responses = send, None, []
         try:
-            if swap and body.ctx is None:
+            if swap:
                 body.enter()
             while True:
                 if swap:
@@ -59,7 +59,7 @@ def _driver(start):
                     # Popped as it is handed over: the caller may drop it.
                     arg = yield responses.pop()
                 except BaseException as exc:
-                    if type(exc) is GeneratorExit and not swap:
+                    if isinstance(exc, GeneratorExit) and not swap:
                         # Closed in the context, as before: __exit__ sees no exception.
                         with body.ctx_factory():
                             it.close()

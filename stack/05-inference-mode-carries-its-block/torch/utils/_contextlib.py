@@ -9,8 +9,6 @@ class _Body:
         # Whole: inference_mode's guard restores more than the body carries.
         caller = self.capture()
         self.swap(self.state)
-        if type(exc) is GeneratorExit:
-            exc.__traceback__ = None  # frees the body's frame (and its guards) in its state
         try:
             if isinstance(exc, StopIteration):
                 ctx.__exit__(None, None, None)
