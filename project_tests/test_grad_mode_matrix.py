@@ -392,15 +392,23 @@ def reference(decorator, func):
                     method = body.asend
 
         return async_generator
+    if inspect.iscoroutinefunction(func):
+        # A coroutine, not _stepped's generator: asyncio's tasks take only
+        # coroutines from Python 3.12 on.
+        @functools.wraps(func)
+        async def coroutine(*args, **kwargs):
+            body = functools.partial(func, *args, **kwargs)
+            return await _stepped(_Carried(make, carry), body)
+
+        return coroutine
+
     # Not ``yield from`` _steps: a body that ignores a close would be closed
     # again when the delegating frame ends.
-    steps = _stepped if inspect.iscoroutinefunction(func) else _steps
-
     @functools.wraps(func)
-    def generator_or_coroutine(*args, **kwargs):
-        return steps(_Carried(make, carry), functools.partial(func, *args, **kwargs))
+    def generator(*args, **kwargs):
+        return _steps(_Carried(make, carry), functools.partial(func, *args, **kwargs))
 
-    return generator_or_coroutine
+    return generator
 
 
 def both_ways(decorator, func, run):
