@@ -621,8 +621,9 @@ class TestRecursionDepth(TestCase):
 
     def test_recursive_coroutine(self):
         # Stock's decorator does nothing for a coroutine's body, so adds no
-        # frame per level; ours adds the driver's (and its C-level send).
-        self.assertGreaterEqual(_local("coroutine_depth"), 0.3 * _stock("coroutine_depth"))
+        # frame per level; ours adds the async def wrapper's and the driver's
+        # (and their C-level sends): about a quarter of stock's depth (#25).
+        self.assertGreaterEqual(_local("coroutine_depth"), 0.2 * _stock("coroutine_depth"))
 
 
 class TestJitCompat(TestCase):

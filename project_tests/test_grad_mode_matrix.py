@@ -3479,7 +3479,8 @@ class TestGradModeGarbageCollection(GradModeTestCase):
         wrapper = make()
         start(wrapper)
         # The body object the suspended wrapper steps, whatever its name there.
-        frame = getattr(wrapper, "gi_frame", None) or wrapper.cr_frame
+        driver = getattr(wrapper, "cr_await", None) or wrapper  # an async def awaits it
+        frame = driver.gi_frame
         code = make.__wrapped__.__code__
         (body,) = [
             value

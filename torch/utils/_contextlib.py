@@ -111,16 +111,7 @@ def _driver(start):
     return drive
 
 
-def _async_driver(start):
-    """The coroutine twin of :func:`_driver`: its code, flagged as a coroutine's."""
-    # One frame a step: an async def awaiting _driver gave 25% of undecorated depth.
-    drive = _driver(start)
-    flags = drive.__code__.co_flags & ~inspect.CO_GENERATOR | inspect.CO_COROUTINE
-    code = drive.__code__.replace(co_flags=flags)
-    return types.FunctionType(code, drive.__globals__, closure=drive.__closure__)
-
-
-_drive_step = _async_driver(lambda body, awaitable: (body, awaitable))
+_drive_step = types.coroutine(_driver(lambda body, awaitable: (body, awaitable)))
 
 
 def _finalize(body, agen):
@@ -150,7 +141,13 @@ def _wrap_coroutine(ctx_factory, func, carried=None):
             coro = coro.__await__()  # from a function marked as a coroutine's
         return _Body(ctx_factory, carried), coro
 
-    return functools.wraps(func)(_async_driver(start))
+    drive = types.coroutine(_driver(start))
+
+    @functools.wraps(func)
+    async def coroutine_context(*args, **kwargs):
+        return await drive(*args, **kwargs)
+
+    return coroutine_context
 
 
 def _wrap_async_generator(ctx_factory, func, carried=None):
