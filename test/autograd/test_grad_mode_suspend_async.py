@@ -13,7 +13,7 @@ sending to it) gets its own back after every step.  Any other state the body
 sees and changes exactly as the undecorated body would, so each test of state
 compares the whole autograd state with the undecorated body's, where only the
 part the decorator carries may differ.  Any other decorating context is
-entered afresh around each step.
+entered around the call that makes the body, as before: it carries nothing.
 
 Most bodies here are written once, as a plain generator function (a
 "script"), and run as each kind of function by ``of_kind``; ``start`` steps
@@ -26,6 +26,7 @@ import functools
 import gc
 import inspect
 import itertools
+import threading
 import types
 import warnings
 import weakref
@@ -299,40 +300,51 @@ class Counting(_DecoratorContextManager):
     def __enter__(self):
         self.log.append("enter")
 
-    def __exit__(self, *exc_info):
-        self.log.append("exit")
+    def __exit__(self, exc_type, *exc_info):
+        self.log.append(("exit", exc_type))
 
 
 @contextlib.contextmanager
 def counting(log):
     log.append("enter")
+    exc_type = None
     try:
         yield
+    except BaseException as exc:
+        exc_type = type(exc)
+        raise
     finally:
-        log.append("exit")
+        log.append(("exit", exc_type))
 
 
 def loud_no_grad(log):
     class LoudNoGrad(torch.no_grad):
-        """Overrides __enter__ and declares nothing, so it carries nothing."""
+        """Overrides __enter__ and __exit__ and declares nothing: it carries nothing."""
 
         def __enter__(self):
             log.append("enter")
             return super().__enter__()
 
+        def __exit__(self, exc_type, *exc_info):
+            log.append(("exit", exc_type))
+            return super().__exit__(exc_type, *exc_info)
+
     return LoudNoGrad()
 
 
-# Contexts that carry nothing, as decorators: name -> (make the decorator
-# from a log, the grad mode the body sees for a caller's).
+def stance():
+    """The stance torch.compiler.set_stance sets."""
+    return torch._dynamo.eval_frame._stance.stance
+
+
+# Contexts that carry nothing, as decorators made from a log.
 OTHER_CONTEXTS = {
-    "set_stance": (lambda log: torch.compiler.set_stance("force_eager"), None),
-    "DecoratorContextManager": (Counting, None),
+    "set_stance": lambda log: torch.compiler.set_stance("force_eager"),
+    "DecoratorContextManager": Counting,
     "context_decorator": (
-        lambda log: lambda func: context_decorator(lambda: counting(log), func),
-        None,
+        lambda log: lambda func: context_decorator(lambda: counting(log), func)
     ),
-    "no_grad_overriding_enter": (loud_no_grad, False),
+    "no_grad_overriding_enter_and_exit": loud_no_grad,
 }
 
 
@@ -755,30 +767,49 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
-    """Contexts that carry nothing are entered afresh around each step."""
+    """Contexts that carry nothing decorate async bodies as before: they are
+    entered around the call that makes the body, never around its steps."""
 
-    @parametrize("kind", KINDS)
-    @parametrize("context", OTHER_CONTEXTS)
-    def test_entered_per_step_and_owning_no_grad_mode(self, context, kind):
-        make_decorator, body_sees = OTHER_CONTEXTS[context]
-        log = []
+    def run_body(self, kind, func):
+        """Step a body of *kind* made by *func* from two caller modes, throw
+        into it and close it; return what it saw and each step's outcome."""
+        seen = []
 
         def script():
             while True:
-                yield torch.is_grad_enabled()
+                try:
+                    yield
+                except Boom:
+                    pass
+                finally:
+                    seen.append((torch.is_grad_enabled(), stance()))
 
-        body = start(kind, make_decorator(log)(of_kind(kind, script)))
-        callers = [True, False, True, False]
-        seen = []
-        for mode in callers:
+        body = start(kind, func(of_kind(kind, script)))
+        outcomes = []
+        for mode in (True, False):
             with torch.set_grad_enabled(mode):
-                seen.append(body.send(None))
-                self.assertIs(torch.is_grad_enabled(), mode)
+                outcomes.append(body.send(None))
+                outcomes.append(torch.is_grad_enabled())
+        outcomes.append(body.throw(Boom()))
         body.close()
-        expected = callers if body_sees is None else [body_sees] * len(callers)
-        self.assertEqual(seen, expected)
+        return seen, outcomes
+
+    @parametrize("kind", KINDS)
+    @parametrize("context", OTHER_CONTEXTS)
+    def test_entered_around_the_call_only(self, context, kind):
+        log = []
+        decorator = OTHER_CONTEXTS[context](log)
+        decorated = decorator(of_kind(kind, lambda: iter(())))
+        predicates = (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
+        self.assertEqual([p(decorated) for p in predicates], [False, False])
+        log.clear()
+
+        seen, outcomes = self.run_body(kind, decorator)
+        undecorated = self.run_body(kind, lambda func: func)
+        self.assertEqual((seen, outcomes), undecorated)
         if context != "set_stance":
-            self.assertEqual(log.count("enter"), len(callers) + 1)  # and close
+            # Entered and left once, around the call, as a plain function.
+            self.assertEqual(log, ["enter", ("exit", None)])
 
     @parametrize("kind", KINDS)
     @parametrize(
@@ -790,8 +821,9 @@ class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
     ):
         # Overriding __enter__ or __exit__ may set more than the parent's
         # state: unless the subclass declares what it carries ("declared"
-        # overrides __enter__ and declares its parent's), it is entered per
-        # step.  Overriding clone or __init__ keeps the carry.
+        # overrides __enter__ and declares its parent's), it carries nothing,
+        # so the body runs as undecorated.  Overriding clone or __init__
+        # keeps the carry.
         namespace = {
             "nothing": {},
             "clone": {"clone": lambda self: type(self)()},
@@ -818,18 +850,21 @@ class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
             seen.append(state())
             yield seen
 
-        body = start(kind, subclass()(of_kind(kind, script)))
-        body.send(None)
-        with torch.no_grad(), no_multithreading():
-            seen = body.send(None)
-            self.assertEqual(state(), (False, False))
-        self.assertEqual(state(), (True, True))
-        body.close()
-        # Entered afresh per step, the body's block does not survive its
-        # yield; either way the multithreading flag is its caller's.
-        carries = override not in ("__enter__", "__exit__")
-        expected = [(False, True), (carries, False), (False, False)]
-        self.assertEqual(seen, expected)
+        def run(func):
+            with state_restored():
+                body = start(kind, func(of_kind(kind, script)))
+                body.send(None)
+                with torch.no_grad(), no_multithreading():
+                    seen = body.send(None)
+                    after = state()
+                body.close()
+                return seen, after, state()
+
+        if override in ("__enter__", "__exit__"):
+            self.assertEqual(run(subclass()), run(lambda func: func))
+        else:
+            expected = [(False, True), (True, False), (False, False)]
+            self.assertEqual(run(subclass()), (expected, (False, False), (True, True)))
         # A plain function runs in the mode, with or without the fast path.
         self.assertFalse(subclass()(lambda: torch.is_grad_enabled())())
         self.assertTrue(torch.is_grad_enabled())
@@ -839,20 +874,90 @@ class TestGradModeOtherContextsAsync(AsyncAutogradStateTestCase):
 class TestGradModeSuspendAsyncFixes(AsyncAutogradStateTestCase):
     """Cases the previous versions of the decorators got wrong."""
 
-    def test_plain_context_on_a_coroutine_is_entered_per_step(self):
+    @parametrize("kind", KINDS)
+    def test_body_closed_though_its_context_would_fail_to_enter_again(self, kind):
+        # Entered afresh at each step, a context whose __enter__ failed at a
+        # later step left an async generator unclosed: its finally never ran,
+        # not even at the loop's shutdown_asyncgens.  Entered around the call
+        # only, it is never entered again.
         log = []
 
-        @Counting(log)
-        async def body():
-            while True:
-                await pause(torch.is_grad_enabled())
+        class EntersOnce(_DecoratorContextManager):
+            def __enter__(self):
+                if log.count("enter"):
+                    raise Boom
+                log.append("enter")
 
-        coro = body()
-        self.assertTrue(coro.send(None))
-        with torch.no_grad():
-            self.assertFalse(coro.send(None))
-        coro.close()
-        self.assertEqual(log, ["enter", "exit"] * 3)
+            def __exit__(self, *exc_info):
+                pass
+
+        async def coroutine():
+            try:
+                await asyncio.sleep(0)
+            finally:
+                log.append("finally")
+
+        async def async_generator():
+            try:
+                yield
+                yield
+            finally:
+                log.append("finally")
+
+        async def main(func):
+            if kind == "coroutine":
+                return await func()
+            keep = func()
+            await keep.asend(None)
+            await asyncio.sleep(0)
+            await keep.asend(None)
+
+        func = {"coroutine": coroutine, "async_generator": async_generator}[kind]
+        asyncio.run(main(EntersOnce()(func)))
+        self.assertEqual(log, ["enter", "finally"])
+
+    @parametrize("kind", KINDS)
+    def test_context_that_suppresses_everything_leaves_the_body_alone(self, kind):
+        # Entered afresh at each step, a context suppressing every exception
+        # made a decorated coroutine step forever (or raise "cannot reuse
+        # already awaited coroutine").  Around the call only, the body's own
+        # exception reaches its awaiter.  Run on a thread to bound a hang.
+        class SuppressAll(_DecoratorContextManager):
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc_info):
+                return True
+
+        async def coroutine():
+            await asyncio.sleep(0)
+            raise Boom
+
+        async def async_generator():
+            yield
+            raise Boom
+
+        async def main(func):
+            if kind == "coroutine":
+                return await func()
+            async for _ in func():
+                pass
+
+        func = {"coroutine": coroutine, "async_generator": async_generator}[kind]
+        outcome = []
+
+        def run():
+            try:
+                asyncio.run(main(SuppressAll()(func)))
+            except BaseException as exc:
+                outcome.append(type(exc))
+            else:
+                outcome.append(None)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        self.assertEqual(outcome, [Boom])
 
     @parametrize("kind", KINDS)
     def test_exit_that_suppresses_ends_the_body_as_a_with_block_would(self, kind):

@@ -132,26 +132,22 @@ def _wrap_generator(ctx_factory, func, carried=None):
     return generator_context
 
 
-def _wrap_coroutine(ctx_factory, func, carried=None):
-    """Wrap coroutine function *func* to run each step under ``ctx_factory()``."""
-
-    def start(*args, **kwargs):
-        coro = func(*args, **kwargs)
-        if not isinstance(coro, types.CoroutineType):
-            coro = coro.__await__()  # from a function marked as a coroutine's
-        return _Body(ctx_factory, carried), coro
-
-    drive = types.coroutine(_driver(start))
+def _wrap_coroutine(ctx_factory, func, carried):
+    """Wrap coroutine function *func* to carry *carried* across its awaits."""
 
     @functools.wraps(func)
     async def coroutine_context(*args, **kwargs):
-        return await drive(*args, **kwargs)
+        coro = func(*args, **kwargs)
+        del args, kwargs  # the body may drop them
+        if not isinstance(coro, types.CoroutineType):
+            coro = coro.__await__()  # from a function marked as a coroutine's
+        return await _drive_step(_Body(ctx_factory, carried), coro)
 
     return coroutine_context
 
 
-def _wrap_async_generator(ctx_factory, func, carried=None):
-    """Wrap async generator function *func* to run each step under ``ctx_factory()``."""
+def _wrap_async_generator(ctx_factory, func, carried):
+    """Wrap async generator function *func* to carry *carried* across its awaits and yields."""
 
     @functools.wraps(func)
     async def async_generator_context(*args, **kwargs):
@@ -245,9 +241,9 @@ def context_decorator(ctx, func, *, carried=None, wrap_call=None):
             f"a context manager can only decorate a function or other callable, "
             f"not {type(func).__name__} {func!r}"
         )
-    if inspect.isasyncgenfunction(func):
+    if carried is not None and inspect.isasyncgenfunction(func):
         return _wrap_async_generator(ctx_factory, func, carried)
-    if inspect.iscoroutinefunction(func):
+    if carried is not None and inspect.iscoroutinefunction(func):
         return _wrap_coroutine(ctx_factory, func, carried)
     if inspect.isgeneratorfunction(func):
         return _wrap_generator(ctx_factory, func, carried)

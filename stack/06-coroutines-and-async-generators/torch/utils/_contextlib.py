@@ -25,9 +25,9 @@ def context_decorator(ctx, func, *, carried=None):
             f"a context manager can only decorate a function or other callable, "
             f"not {type(func).__name__} {func!r}"
         )
-    if inspect.isasyncgenfunction(func):
+    if carried is not None and inspect.isasyncgenfunction(func):
         return _wrap_async_generator(ctx_factory, func, carried)
-    if inspect.iscoroutinefunction(func):
+    if carried is not None and inspect.iscoroutinefunction(func):
         return _wrap_coroutine(ctx_factory, func, carried)
     if inspect.isgeneratorfunction(func):
         return _wrap_generator(ctx_factory, func, carried)
