@@ -25,7 +25,7 @@ _INFERENCE_MODE_STATE = (
 
 class no_grad(_NoParamDecoratorContextManager):
     _carried_state = _GRAD_MODE_STATE
-    _wrap_call = staticmethod(functools.partial(_call_with_grad_mode, mode=False))
+    _wrap_call = functools.partialmethod(_call_with_grad_mode, mode=False)
 
     def __enter__(self) -> None:
         self.prev = torch.is_grad_enabled()
@@ -45,17 +45,17 @@ class no_grad(_NoParamDecoratorContextManager):
 
 class enable_grad(_NoParamDecoratorContextManager):
     _carried_state = _GRAD_MODE_STATE
-    _wrap_call = staticmethod(functools.partial(_call_with_grad_mode, mode=True))
+    _wrap_call = functools.partialmethod(_call_with_grad_mode, mode=True)
 
 
 class set_grad_enabled(_DecoratorContextManager):
     _carried_state = _GRAD_MODE_STATE
-    _wrap_call = staticmethod(_call_with_grad_mode)
+    _wrap_call = _call_with_grad_mode
 
 
 class inference_mode(_DecoratorContextManager):
     _carried_state = _INFERENCE_MODE_STATE
-    _wrap_call = staticmethod(_call_in_inference_mode)
+    _wrap_call = _call_in_inference_mode
 
     def __new__(cls, mode=True):
         if isinstance(mode, bool):

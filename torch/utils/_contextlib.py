@@ -23,11 +23,6 @@ class _Body:
         self.state = None
         self.capture, self.swap = cast(Any, carried or (None, None))
 
-    def enter(self):
-        caller, ctx = self.capture(), self.ctx_factory()
-        ctx.__enter__()
-        self.ctx, self.state = ctx, self.swap(caller)
-
     def exit(self, exc):
         if self.ctx is None or (self.agen and type(exc) is StopIteration):
             return  # never entered, or an async generator's step that yielded
@@ -68,7 +63,9 @@ def _driver(start):
         method, arg, responses = send, None, []
         try:
             if swap and body.ctx is None:
-                body.enter()
+                caller, ctx = body.capture(), body.ctx_factory()
+                ctx.__enter__()
+                body.ctx, body.state = ctx, swap(caller)
             while True:
                 if swap:
                     caller = swap(body.state)
@@ -118,7 +115,7 @@ def _finalize(body, agen):
     """Close *agen* again, in its state, if it ignored its wrapper's close (as generators are)."""
     if body.closed and not agen.ag_running:  # not while its wrapper's close awaits
         with contextlib.suppress(GeneratorExit, StopAsyncIteration):
-            _drive_step(body, agen.athrow(GeneratorExit)).send(None)
+            _drive_step(body, agen.athrow(GeneratorExit)).send(None)  # type: ignore[attr-defined]
 
 
 def _wrap_generator(ctx_factory, func, carried=None):
@@ -154,13 +151,11 @@ def _wrap_async_generator(ctx_factory, func, carried):
         agen = func(*args, **kwargs)
         body = _Body(ctx_factory, carried, agen=True)
         del args, kwargs
-        # Hidden from the loop, which would close agen in its own state: see _finalize.
+        # Hidden from the loop, which would close agen in its own state (test_loop_shutdown_closes_bodies_in_their_mode).
         hooks = sys.get_asyncgen_hooks()
         sys.set_asyncgen_hooks(None, functools.partial(_finalize, body))
-        try:
-            step = agen.asend(None)
-        finally:
-            sys.set_asyncgen_hooks(*hooks)
+        step = agen.asend(None)
+        sys.set_asyncgen_hooks(*hooks)
         values = []
         while True:
             try:
@@ -209,10 +204,10 @@ def _call_in_inference_mode(ctx, func):
 
 
 def _declared(ctx, name, methods=("__enter__", "__exit__")):
-    """*name* as the first class of *ctx*'s to declare it or define one of *methods* has it."""
+    """*ctx*'s *name*, if the first class in its MRO to define *name* or one of *methods* defines it."""
     for klass in type(ctx).__mro__:
         if vars(klass).keys() & {name, *methods}:
-            return vars(klass).get(name)
+            return getattr(ctx, name) if name in vars(klass) else None
 
 
 def context_decorator(ctx, func, *, carried=None, wrap_call=None):
@@ -267,14 +262,10 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        # What its block sets; and how its plain calls run, unless it makes
-        # its contexts otherwise (then each call enters a clone, as before).
+        # What its block sets, and its plain calls' fast path unless it makes its contexts otherwise.
         carried = _declared(self, "_carried_state")
         made = ("__init__", "clone", "__enter__", "__exit__")
         wrap_call = _declared(self, "_wrap_call", made)
-        if wrap_call is not None:
-            wrap_call = functools.partial(wrap_call, self)
-        decorated = context_decorator(
-            self.clone, func, carried=carried, wrap_call=wrap_call
+        return cast(
+            F, context_decorator(self.clone, func, carried=carried, wrap_call=wrap_call)
         )
-        return cast(F, decorated)

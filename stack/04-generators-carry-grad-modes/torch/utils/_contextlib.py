@@ -10,11 +10,6 @@ class _Body:
         self.state = None
         self.capture, self.swap = cast(Any, carried or (None, None))
 
-    def enter(self):
-        caller, ctx = self.capture(), self.ctx_factory()
-        ctx.__enter__()
-        self.ctx, self.state = ctx, self.swap(caller)
-
     def exit(self, exc):
         if self.ctx is None:
             return  # never entered
@@ -41,7 +36,9 @@ def _driver(start):
         method, arg, responses = send, None, []
         try:
             if swap:
-                body.enter()
+                caller, ctx = body.capture(), body.ctx_factory()
+                ctx.__enter__()
+                body.ctx, body.state = ctx, swap(caller)
             while True:
                 if swap:
                     caller = swap(body.state)
