@@ -739,11 +739,10 @@ class TestDecoratorSubclass(TestCase):
             return v * 2
 
         self.assertEqual(asyncio.run(c(4)), 8)
-        self.assertEqual(seen, [1, 1])
-        self.assertEqual(log["enter"], log["exit"])
-        self.assertEqual(log["clone"], log["enter"])
-        self.assertGreaterEqual(log["clone"], 1)
-        self.assertEqual(log["active"], 0)
+        # As on stock torch, the context is entered once, around the call that
+        # makes the coroutine, and is not active in any of its steps.
+        self.assertEqual(seen, [0, 0])
+        self.assertEqual(log, {"enter": 1, "exit": 1, "clone": 1, "active": 0})
 
     def test_async_generator(self):
         log = _new_log()
@@ -760,11 +759,10 @@ class TestDecoratorSubclass(TestCase):
             return [v async for v in ag(3)]
 
         self.assertEqual(asyncio.run(main()), [0, 1, 2])
-        self.assertEqual(seen, [1, 1, 1])
-        self.assertEqual(log["enter"], log["exit"])
-        self.assertEqual(log["clone"], log["enter"])
-        self.assertGreaterEqual(log["clone"], 3)
-        self.assertEqual(log["active"], 0)
+        # As on stock torch, the context is entered once, around the call that
+        # makes the async generator, and is not active in any of its steps.
+        self.assertEqual(seen, [0, 0, 0])
+        self.assertEqual(log, {"enter": 1, "exit": 1, "clone": 1, "active": 0})
 
     def test_clone_is_used_per_call(self):
         # Fails if context_decorator is given the instance rather than self.clone.

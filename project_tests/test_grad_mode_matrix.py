@@ -1563,7 +1563,7 @@ class TestGradModeAsyncGenerators(GradModeTestCase):
 
         inner = OneArgAthrow()
         wrapped = torch.utils._contextlib._wrap_async_generator(
-            torch.no_grad, lambda: inner
+            torch.no_grad, lambda: inner, torch.no_grad._carried_state
         )
 
         async def main():
@@ -2774,19 +2774,25 @@ class TestGradModeFaults(GradModeTestCase):
             self.assertEqual(mode_state(), PLAIN)
         return results
 
-    # A context (not a grad mode: entered around every step) whose clone,
-    # __enter__ or __exit__ raises: its error propagates and the caller's mode
-    # is intact.  A body it leaves suspended is closed when it is collected, as
-    # stock torch does with a generator.
+    # A context (not a grad mode: entered around every step of a generator,
+    # and, as on stock torch, around only the call of a plain function,
+    # coroutine or async generator) whose clone, __enter__ or __exit__ raises:
+    # its error propagates and the caller's mode is intact.  A body it leaves
+    # suspended is closed when it is collected, as stock torch does with a
+    # generator.
     @parametrize("kind,at", FAULT_CASES)
     @parametrize("where", ["enter", "exit", "clone"])
     def test_context_manager_raises(self, where, kind, at):
         results = self._caller_mode_after_fault(kind, where, at)
-        # The first call raises, later calls (the counter is past ``at``) don't.
-        self.assertEqual(results[0], (where, True))
-        for raised, intact in results[1:]:
+        # The call that makes the ``at``-th entry raises: a generator's first
+        # (it enters at each step), else the ``at``-th, as each call enters
+        # once.  Other calls (the counter is before or past ``at``) don't.
+        failing = 0 if kind == "gen" else at - 1
+        self.assertEqual(results[failing], (where, True))
+        for i, (raised, intact) in enumerate(results):
             self.assertTrue(intact)
-            self.assertIsNone(raised)
+            if i != failing:
+                self.assertIsNone(raised)
 
     def test_context_manager_raises_on_every_step(self):
         # No step at all can run: the body never starts, the caller's mode is
@@ -4066,14 +4072,14 @@ class TestGradModeDriverDetails(GradModeTestCase):
     @parametrize("kind", ["generator", "coroutine", "async_generator"])
     def test_private_wrappers_reenter_by_default(self, kind):
         # _wrap_generator(ctx_factory, func) enters a fresh context around
-        # every step; the async twins follow it.  Called without the carried
-        # state (as context_decorator calls them for a context that is not a
-        # grad mode), they re-enter: that is the default.
-        from torch.utils._contextlib import (
-            _wrap_async_generator,
-            _wrap_coroutine,
-            _wrap_generator,
-        )
+        # every step.  Called without the carried state (as context_decorator
+        # calls it for a context that is not a grad mode), it re-enters: that
+        # is the default, as on stock torch.  The async wrappers only carry
+        # state: for such a context context_decorator wraps a coroutine or
+        # async generator function as stock does, in a plain function that
+        # enters the context once, around the call that makes the body, and
+        # never around its steps.
+        from torch.utils._contextlib import _wrap_generator, context_decorator
 
         log = []
 
@@ -4102,15 +4108,19 @@ class TestGradModeDriverDetails(GradModeTestCase):
 
         cases = {
             "generator": (lambda: list(_wrap_generator(Counting, gen)()), [1, 2]),
-            "coroutine": (lambda: drive(_wrap_coroutine(Counting, coro)()), 3),
+            "coroutine": (
+                lambda: drive(context_decorator(lambda: Counting(), coro)()),
+                3,
+            ),
             "async_generator": (
-                lambda: drive(consume(_wrap_async_generator(Counting, agen)())),
+                lambda: drive(consume(context_decorator(lambda: Counting(), agen)())),
                 [4],
             ),
         }
         run, result = cases[kind]
         self.assertEqual(run(), result)
-        self.assertEqual(log, ["enter", "exit"] * 3)
+        entries = 3 if kind == "generator" else 1
+        self.assertEqual(log, ["enter", "exit"] * entries)
 
     @parametrize("cls_name", ["CountedNoGrad", "Sub"])
     def test_no_param_subclass_keeps_cooperative_new(self, cls_name):
@@ -4502,8 +4512,10 @@ def _run_scope(kind, context, block, decorated):
     """On a fresh thread, run a body of *kind* that opens ``BLOCKS[block]`` (or
     nothing if *block* is None), one step per caller of SCOPE_CALLERS, each
     step inside that caller's setup: *decorated* with *context*, or else
-    undecorated, with a fresh context entered around each step (what the
-    decoration must amount to).
+    undecorated, with a fresh context entered as stock torch's decoration
+    enters it (what the decoration must amount to): around each step of a
+    generator, and around only the call that makes a coroutine or async
+    generator, as stock's plain-function wrapper does.
 
     Returns what the body saw at each step, what the caller saw right after
     each step, the context entries and exits in order (each context named by
@@ -4525,9 +4537,14 @@ def _run_scope(kind, context, block, decorated):
             if decorated:
                 decorator = spec.decorator()
                 made, around = decorator(body)(), contextlib.nullcontext
-            else:
+            elif kind == "generator":
                 decorator = None
                 made, around = body(), spec.fresh
+            else:
+                decorator = None
+                with spec.fresh():
+                    made = body()
+                around = contextlib.nullcontext
             pending = []
             for setup in itertools.cycle(SCOPE_CALLERS):
                 with enter_all(setup):
@@ -4551,8 +4568,10 @@ class TestGradModeScopeMatrix(GradModeTestCase):
     """A context that carries nothing (not a grad mode, or a subclass of one
     that overrides __enter__ or __exit__ without declaring _carried_state):
     the body of a generator, coroutine or async generator it decorates sees
-    at every step the autograd state the thread has, as undecorated, and the
-    context is entered afresh around each step."""
+    at every step the autograd state the thread has, as undecorated.  As on
+    stock torch, the context is entered afresh around each step of a
+    generator, and around only the call that makes a coroutine or async
+    generator, never around its steps."""
 
     def test_issue_example(self):
         def body():
@@ -4570,10 +4589,13 @@ class TestGradModeScopeMatrix(GradModeTestCase):
     @parametrize("context", list(SCOPE_CONTEXTS))
     def test_body_sees_each_callers_state(self, context, kind):
         # The body opens nothing itself.  Each step sees the state of the
-        # caller that takes it with the context entered, and the caller has
-        # its own back after it: worked out for each step alone, on a thread
-        # of its own, so that nothing of an earlier step can carry over.
+        # caller that takes it, with the context entered for a generator's
+        # (not for a coroutine's or async generator's: entered around the
+        # call only), and the caller has its own back after it: worked out
+        # for each step alone, on a thread of its own, so that nothing of an
+        # earlier step can carry over.
         spec = SCOPE_CONTEXTS[context]
+        per_step = kind == "generator"
 
         def alone(setup):
             def run():
@@ -4583,7 +4605,7 @@ class TestGradModeScopeMatrix(GradModeTestCase):
                     return autograd_state(), spy.active, spec.probe()
 
                 with spy.installed(), enter_all(setup):
-                    with spec.fresh():
+                    with spec.fresh() if per_step else contextlib.nullcontext():
                         inside = observe()
                     return inside, observe()
 
@@ -4593,16 +4615,18 @@ class TestGradModeScopeMatrix(GradModeTestCase):
         seen, between, order, fresh = _run_scope(kind, context, None, decorated=True)
         self.assertEqual(seen, [inside for inside, _ in expected])
         self.assertEqual(between, [outside for _, outside in expected])
-        # Entered afresh around each step, and only then.
+        # Entered afresh around each step of a generator, and only then; once,
+        # around the call, for a coroutine or async generator.
         steps = len(SCOPE_CALLERS)
+        entries = steps if per_step else 1
         self.assertEqual(
-            order, [(what, n) for n in range(steps) for what in ("enter", "exit")]
+            order, [(what, n) for n in range(entries) for what in ("enter", "exit")]
         )
         self.assertTrue(fresh)
         # The grad mode a step sees is its caller's (set_grad_enabled's False
-        # for the no_grad subclass).
+        # for the no_grad subclass entered around a generator's steps).
         grad = [state[0] for state, _, _ in seen]
-        if context == "no_grad_subclass_overriding_enter":
+        if context == "no_grad_subclass_overriding_enter" and per_step:
             self.assertEqual(grad, [False] * steps)
         else:
             self.assertEqual(grad, [outside[0][0] for _, outside in expected])
@@ -4615,7 +4639,9 @@ class TestGradModeScopeMatrix(GradModeTestCase):
     def test_body_block_is_the_threads(self, block, context, kind):
         # The body's own mode block, open across its suspensions, is not
         # carried for it: body and caller see what they would with the body
-        # undecorated and a fresh context entered around each step.
+        # undecorated and a fresh context entered as stock torch enters it
+        # (around each step of a generator, around the call that makes a
+        # coroutine or async generator).
         decorated = _run_scope(kind, context, block, decorated=True)
         reference = _run_scope(kind, context, block, decorated=False)
         self.assertEqual(decorated, reference)
@@ -4626,7 +4652,9 @@ class TestGradModeScopeMatrix(GradModeTestCase):
         # Closing a generator decorated with a context that carries nothing
         # closes the body with close() inside a fresh context, as stock torch
         # does: the body gets GeneratorExit, the context's __exit__ gets
-        # (None, None, None).  A coroutine's is closed the same way.
+        # (None, None, None).  A coroutine's context, as on stock, is entered
+        # and left (with no exception) around the call only: its close runs
+        # outside any.
         log = []
 
         class Logging(_DecoratorContextManager):
@@ -4659,7 +4687,11 @@ class TestGradModeScopeMatrix(GradModeTestCase):
         body.send(None)
         body.close()
         clean = ("exit", (None, None, None))
-        self.assertEqual(log, ["enter", clean, "enter", "GeneratorExit", clean])
+        if kind == "generator":
+            expected = ["enter", clean, "enter", "GeneratorExit", clean]
+        else:
+            expected = ["enter", clean, "GeneratorExit"]
+        self.assertEqual(log, expected)
 
 
 instantiate_parametrized_tests(TestGradModeGenerators)

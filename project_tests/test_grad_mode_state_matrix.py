@@ -487,9 +487,10 @@ class TestGradModeOtherContexts(TestCase):
     __enter__ or __exit__ without declaring its own _carried_state: one that
     keeps them (overriding only __init__ or clone, or nothing) is a grad mode,
     whose body keeps its own block across its suspensions.  One that
-    overrides __enter__ or __exit__ carries nothing: it is entered around each
-    step, and the body's block is overridden by it from the second step on,
-    as stock torch does for generators."""
+    overrides __enter__ or __exit__ carries nothing and decorates as on stock
+    torch: it is entered around each step of a generator, whose block it
+    overrides from the second step on, and around only the call that makes a
+    coroutine or async generator, whose block runs as undecorated."""
 
     @parametrize(
         "subclass",
@@ -539,21 +540,31 @@ class TestGradModeOtherContexts(TestCase):
             "overriding_enter_redeclaring": OverridingEnterRedeclaring,
         }[subclass]
 
-        def run():
+        def run(decorate):
             seen, between = [], []
-            body = cls()(_body(kind, torch.enable_grad, torch.is_grad_enabled, seen))
+            body = decorate(_body(kind, torch.enable_grad, torch.is_grad_enabled, seen))
             with torch.no_grad():
                 _drive(kind, body, lambda: between.append(torch.is_grad_enabled()))
             return seen, between
 
+        def around_the_call(func):
+            # Stock torch's plain-function wrapper: the context is entered
+            # around the call that makes the body only.
+            def call():
+                with cls():
+                    return func()
+
+            return call
+
         carried = ([True] * (STEPS + 1), [False] * STEPS)
         entered_each_step = ([True] + [False] * STEPS, [False] * STEPS)
-        expected = (
-            entered_each_step
-            if subclass in ("overriding_enter", "overriding_exit")
-            else carried
-        )
-        self.assertEqual(on_own_thread(run), expected)
+        if subclass not in ("overriding_enter", "overriding_exit"):
+            expected = carried
+        elif kind == "generator":
+            expected = entered_each_step
+        else:
+            expected = on_own_thread(run, around_the_call)
+        self.assertEqual(on_own_thread(run, cls()), expected)
 
 
 # autocast as a decorator carries its own device type's autocast state: that
