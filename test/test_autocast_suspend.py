@@ -344,7 +344,10 @@ class TestAutocastSuspend(TestCase):
 
         self.assertEqual(list(stream()), [torch.bfloat16, torch.float32])
 
-    def test_subclass_is_entered_fresh_at_each_step(self):
+    def test_subclass_that_carries_nothing_is_entered_around_the_call(self):
+        # Overriding __enter__ without declaring _carried_state, it carries
+        # nothing: entered around the call that makes the body, as before,
+        # never around the body's steps.
         entered = []
 
         class Counting(torch.autocast):
@@ -357,8 +360,14 @@ class TestAutocastSuspend(TestCase):
             yield self.dtype()
             yield self.dtype()
 
-        self.assertEqual(list(stream()), [torch.bfloat16] * 2)
-        self.assertEqual(len(entered), 3)  # the third step ends the body
+        @Counting("cpu", dtype=torch.bfloat16)
+        def call():
+            return self.dtype()
+
+        self.assertEqual(list(stream()), [torch.float32] * 2)
+        self.assertEqual(len(entered), 1)
+        self.assertEqual(call(), torch.bfloat16)
+        self.assertFalse(torch.is_autocast_enabled("cpu"))
 
     def test_close_and_exceptions_are_the_bodys(self):
         closed = []

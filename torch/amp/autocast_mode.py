@@ -67,26 +67,32 @@ def _call_in_autocast(autocast_instance, func):
 def autocast_decorator(autocast_instance, func):
     # Each call enters a copy of the instance, so that a recursive call no
     # longer leaves its caller in autocast; generator, coroutine and async
-    # generator bodies carry their autocast state from step to step.
+    # generator bodies carry their autocast state from step to step.  A
+    # subclass that carries nothing is entered around each call, as before.
     # Imported here: torch.utils imports torch.amp.
     from torch.utils._contextlib import _declared, context_decorator
 
-    if inspect.isclass(func):  # decorated as the function that makes one, as before
-        cls = func
-        func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
+    carried = _declared(autocast_instance, "_carried_state")
+    if carried is None:
 
-    carried, wrap_call = _declared(autocast_instance, "_carried_state"), None
-    if carried is not None:
+        @functools.wraps(func)
+        def decorate_autocast(*args, **kwargs):
+            with autocast_instance:
+                return func(*args, **kwargs)
+
+    else:
+        if inspect.isclass(func):  # decorated as the function that makes one, as before
+            cls = func
+            func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
         capture, swap = carried
         # The device read as each body enters its copy of the instance.
         carried = (lambda: capture(autocast_instance.device), swap)
-        wrap_call = functools.partial(_call_in_autocast, autocast_instance)
-    decorate_autocast = context_decorator(
-        functools.partial(_copy, autocast_instance),
-        func,
-        carried=carried,
-        wrap_call=wrap_call,
-    )
+        decorate_autocast = context_decorator(
+            functools.partial(_copy, autocast_instance),
+            func,
+            carried=carried,
+            wrap_call=functools.partial(_call_in_autocast, autocast_instance),
+        )
     decorate_autocast.__script_unsupported = ...
     return decorate_autocast
 
