@@ -26,6 +26,7 @@ import functools
 import gc
 import inspect
 import itertools
+import sys
 import threading
 import types
 import warnings
@@ -687,6 +688,33 @@ class TestGradModeSuspendAsync(AsyncAutogradStateTestCase):
             [as_carried(decorator, s, inside) for s in log] for log in undecorated
         ]
         self.assertEqual(logs, expected)
+
+    def test_thread_hooks_see_only_the_wrapper_and_are_kept(self):
+        # Whatever async-generator hooks the thread has (trio's, say) are told
+        # of the decorated generator, never of the body inside it, and stay
+        # installed.
+        seen = []
+
+        def firstiter(agen):
+            seen.append(("firstiter", agen))
+
+        def finalizer(agen):
+            seen.append(("finalizer", agen))
+
+        @torch.no_grad()
+        async def async_generator():
+            yield torch.is_grad_enabled()
+
+        hooks = sys.get_asyncgen_hooks()
+        sys.set_asyncgen_hooks(firstiter, finalizer)
+        try:
+            agen = async_generator()
+            self.assertFalse(run_now(agen.asend(None)))
+            self.assertEqual(tuple(sys.get_asyncgen_hooks()), (firstiter, finalizer))
+            run_now(agen.aclose())
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
+        self.assertEqual(seen, [("firstiter", agen)])
 
     @parametrize("kind", KINDS)
     @parametrize("decorator", DECORATORS)

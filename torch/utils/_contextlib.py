@@ -38,6 +38,12 @@ class _Body:
         finally:
             self.swap(caller)
 
+    def finalize(self, agen):
+        """Close *agen* again, in its state, if it ignored its wrapper's close (as generators are)."""
+        if self.closed and not agen.ag_running:  # not while its wrapper's close awaits
+            with contextlib.suppress(GeneratorExit, StopAsyncIteration):
+                _drive_step(self, agen.athrow(GeneratorExit)).send(None)  # type: ignore[attr-defined]
+
 
 def _traced():
     """Whether Dynamo or torch.export's tracing runs: both model a context entered at each step."""
@@ -57,15 +63,14 @@ def _driver(start):
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # the body may drop them
-        if body.ctx is None and body.swap and _traced():
-            body.swap = None
-        swap, send = body.swap, it.send
-        method, arg, responses = send, None, []
+        method, arg, responses = it.send, None, []
         try:
-            if swap and body.ctx is None:
+            if body.ctx is None and body.swap and not _traced():
                 caller, ctx = body.capture(), body.ctx_factory()
                 ctx.__enter__()
-                body.ctx, body.state = ctx, swap(caller)
+                body.ctx, body.state = ctx, body.swap(caller)
+            # Traced, the context is entered at each step instead.
+            swap, send = body.swap if body.ctx is not None else None, it.send
             while True:
                 if swap:
                     caller = swap(body.state)
@@ -111,13 +116,6 @@ def _driver(start):
 _drive_step = types.coroutine(_driver(lambda body, awaitable: (body, awaitable)))
 
 
-def _finalize(body, agen):
-    """Close *agen* again, in its state, if it ignored its wrapper's close (as generators are)."""
-    if body.closed and not agen.ag_running:  # not while its wrapper's close awaits
-        with contextlib.suppress(GeneratorExit, StopAsyncIteration):
-            _drive_step(body, agen.athrow(GeneratorExit)).send(None)  # type: ignore[attr-defined]
-
-
 def _wrap_generator(ctx_factory, func, carried=None):
     def start(*args, **kwargs):
         return _Body(ctx_factory, carried), func(*args, **kwargs)
@@ -151,11 +149,13 @@ def _wrap_async_generator(ctx_factory, func, carried):
         agen = func(*args, **kwargs)
         body = _Body(ctx_factory, carried, agen=True)
         del args, kwargs
-        # Hidden from the loop, which would close agen in its own state (test_loop_shutdown_closes_bodies_in_their_mode).
+        # Hidden from the loop, which closes agen in its own state (test_loop_shutdown_closes_bodies_in_their_mode).
         hooks = sys.get_asyncgen_hooks()
-        sys.set_asyncgen_hooks(None, functools.partial(_finalize, body))
-        step = agen.asend(None)
-        sys.set_asyncgen_hooks(*hooks)
+        sys.set_asyncgen_hooks(None, body.finalize)
+        try:
+            step = agen.asend(None)
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
         values = []
         while True:
             try:
@@ -164,7 +164,7 @@ def _wrap_async_generator(ctx_factory, func, carried):
                 return
             finally:
                 step = None  # an athrow awaitable's exception holds this frame
-            if body.swap and body.ctx is None:
+            if body.ctx is None and body.state is not None:
                 return  # its context suppressed what ended the body
             try:  # see _driver; the value sent is not kept either
                 step = agen.asend((yield values.pop()))

@@ -30,15 +30,14 @@ def _driver(start):
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # the body may drop them
-        if body.swap and _traced():
-            body.swap = None
-        swap, send = body.swap, it.send
-        method, arg, responses = send, None, []
+        method, arg, responses = it.send, None, []
         try:
-            if swap:
+            if body.swap and not _traced():
                 caller, ctx = body.capture(), body.ctx_factory()
                 ctx.__enter__()
-                body.ctx, body.state = ctx, swap(caller)
+                body.ctx, body.state = ctx, body.swap(caller)
+            # Traced, the context is entered at each step instead.
+            swap, send = body.swap if body.ctx is not None else None, it.send
             while True:
                 if swap:
                     caller = swap(body.state)
