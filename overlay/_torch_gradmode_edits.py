@@ -33,7 +33,7 @@ class Binding:
 
 
 BINDINGS = (
-    Binding("autograd_mode_state", ("get_autograd_mode_state", "swap_autograd_mode_state")),
+    Binding("autograd_mode_state", ("get_autograd_mode_state", "swap_autograd_mode_state", "swap_grad_enabled")),
     Binding("autocast_state", ("get_autocast_state", "swap_autocast_state")),
 )
 

@@ -580,6 +580,7 @@ class TestTraceRulesEdit(TestCase):
         self.assertIn('"torch._C._skip_one_hop_torch_function": TorchInGraphFunctionVariable,\n'
                       '    "torch._C._get_autograd_mode_state": SkipFunctionVariable,\n'
                       '    "torch._C._swap_autograd_mode_state": SkipFunctionVariable,\n'
+                      '    "torch._C._swap_grad_enabled": SkipFunctionVariable,\n'
                       '    "torch._C._to_dlpack": SkipFunctionVariable,\n', rules)
         self.assertNotIn("autograd_mode_state", rules[rules.index("other_rule_map"):])
 

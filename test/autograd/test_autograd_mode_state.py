@@ -282,6 +282,21 @@ class TestGradModeAutogradModeState(TestCase):
         with self.assertRaises(TypeError):
             torch._C._AutogradModeState()
 
+    def test_swap_grad_enabled_sets_grad_mode_and_returns_the_previous(self):
+        with torch.inference_mode(), set_multithreading_enabled(False):
+            for enabled in (False, True):
+                grad, before = torch.is_grad_enabled(), autograd_state()
+                with self.subTest(enabled=enabled):
+                    self.assertIs(torch._C._swap_grad_enabled(enabled), grad)
+                    # Grad mode (the first item) changed, and nothing else.
+                    self.assertEqual(autograd_state(), (repr(enabled), *before[1:]))
+                    self.assertIs(torch._C._swap_grad_enabled(grad), enabled)
+                    self.assertEqual(autograd_state(), before)
+        for bad in (None, 1, "True"):
+            with self.subTest(argument=type(bad).__name__):
+                with self.assertRaisesRegex(TypeError, "expected a bool"):
+                    torch._C._swap_grad_enabled(bad)
+
 
 # inference_mode's block sets all of the state, so its bodies carry all of it.
 INFERENCE_DECORATORS = {

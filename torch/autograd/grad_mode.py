@@ -16,7 +16,7 @@ def _flag_state(is_enabled, set_enabled):
     return is_enabled, swap
 
 
-_GRAD_MODE_STATE = _flag_state(torch._C.is_grad_enabled, torch._C._set_grad_enabled)
+_GRAD_MODE_STATE = (torch._C.is_grad_enabled, torch._C._swap_grad_enabled)
 _INFERENCE_MODE_STATE = (
     torch._C._get_autograd_mode_state,
     torch._C._swap_autograd_mode_state,

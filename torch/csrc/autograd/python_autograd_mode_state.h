@@ -1,7 +1,7 @@
 #pragma once
 
-// torch._C._AutogradModeState and the two functions that capture
-// and switch it; see python_autograd_mode_state.cpp.
+// torch._C._AutogradModeState, the two functions that capture and switch
+// it, and _swap_grad_enabled; see python_autograd_mode_state.cpp.
 
 #include <torch/csrc/python_headers.h>
 
