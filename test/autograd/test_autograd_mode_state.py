@@ -10,6 +10,8 @@ one is a body's: it carries only the key bits it changed itself, unless its
 inference mode differs from the thread it is installed in.  The caller's state
 returned by installing a body's gives back only the bits inference mode
 toggles: the others are the thread's while a body steps.
+``torch._C._swap_grad_enabled(enabled)`` sets grad mode and returns the
+previous mode: the grad-mode decorators' swap.
 """
 
 import contextlib
@@ -25,6 +27,7 @@ from torch.autograd.grad_mode import (
     enforce_grad_layout_policy,
     set_multithreading_enabled,
 )
+from torch.overrides import TorchFunctionMode
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -296,6 +299,56 @@ class TestGradModeAutogradModeState(TestCase):
             with self.subTest(argument=type(bad).__name__):
                 with self.assertRaisesRegex(TypeError, "expected a bool"):
                     torch._C._swap_grad_enabled(bad)
+
+    def test_swap_grad_enabled_goes_through_torch_function_modes(self):
+        # As the decorators' per-step _set_grad_enabled calls did (torch 2.13.0).
+        class Record(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.calls = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                self.calls.append((func, args))
+                return func(*args, **(kwargs or {}))
+
+        @torch.no_grad()
+        def body():
+            while True:
+                yield torch.is_grad_enabled()
+
+        gen = body()
+        next(gen)  # the first step outside the mode
+        with Record() as mode:
+            self.assertIs(next(gen), False)
+            self.assertIs(torch.is_grad_enabled(), True)
+        set_grad = torch._C._set_grad_enabled
+        self.assertEqual(mode.calls, [(set_grad, (False,)), (set_grad, (True,))])
+
+    def test_export_records_the_grad_mode_of_a_body_started_eagerly(self):
+        @torch.no_grad()
+        def scale(w):
+            while True:
+                x = yield
+                yield x * w
+
+        gen = scale(torch.tensor(3.0))
+        next(gen)
+
+        class Module(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = torch.nn.Parameter(torch.tensor(2.0))
+
+            def forward(self, x):
+                y = gen.send(x * self.p)
+                next(gen)
+                return y
+
+        exported = torch.export.export(Module(), (torch.tensor(1.0),))
+        self.assertIn("wrap_with_set_grad_enabled", exported.graph_module.code)
+        out = exported.module()(torch.tensor(1.0))
+        self.assertEqual(out, torch.tensor(6.0))
+        self.assertFalse(out.requires_grad)
 
 
 # inference_mode's block sets all of the state, so its bodies carry all of it.

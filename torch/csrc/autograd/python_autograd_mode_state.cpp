@@ -17,11 +17,13 @@
 
 #include <torch/csrc/autograd/python_autograd_mode_state.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/object_ptr.h>
 
 #include <new>
 
@@ -203,14 +205,25 @@ PyObject* swap_autograd_mode_state(PyObject* /*module*/, PyObject* arg) {
 
 // Sets grad mode and returns the mode it replaced: the grad-mode decorators
 // swap it around each step of a suspended body, in one call instead of two.
-PyObject* swap_grad_enabled(PyObject* /*module*/, PyObject* arg) {
+// Under a __torch_function__ mode it sets it through _set_grad_enabled, as
+// the decorators' Python did, so that the mode sees it: torch.export's
+// pre-dispatch tracer records grad mode from there.
+PyObject* swap_grad_enabled(PyObject* module, PyObject* arg) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(
       PyBool_Check(arg),
       "_swap_grad_enabled(): expected a bool, got ",
       Py_TYPE(arg)->tp_name);
   const bool previous = c10::GradMode::is_enabled();
-  c10::GradMode::set_enabled(arg == Py_True);
+  if (at::impl::torch_function_mode_enabled()) {
+    THPObjectPtr result(
+        PyObject_CallMethod(module, "_set_grad_enabled", "O", arg));
+    if (!result) {
+      return nullptr;
+    }
+  } else {
+    c10::GradMode::set_enabled(arg == Py_True);
+  }
   return PyBool_FromLong(previous);
   END_HANDLE_TH_ERRORS
 }
