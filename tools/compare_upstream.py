@@ -10,6 +10,7 @@ UPSTREAM_DIR holds fetched upstream test files::
 
     UPSTREAM_DIR/test_autograd.py              (+ autograd/, expect/ it needs)
     UPSTREAM_DIR/dynamo/test_ctx_manager.py
+    UPSTREAM_DIR/dynamo/test_generator.py
 
 Each file is run with ``PYTHON -m pytest FILE -q -p no:cacheprovider -p no:logging -rf``
 from its own folder, once with ``TORCH_GRADMODE_OVERLAY=0`` (stock torch) and once
@@ -35,7 +36,7 @@ import tempfile
 import time
 
 ENV_SWITCH = "TORCH_GRADMODE_OVERLAY"
-RUNS = (("test_autograd.py", "."), ("test_ctx_manager.py", "dynamo"))
+RUNS = (("test_autograd.py", "."), ("test_ctx_manager.py", "dynamo"), ("test_generator.py", "dynamo"))
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rfE"]
 
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
