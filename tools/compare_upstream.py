@@ -12,6 +12,10 @@ UPSTREAM_DIR holds fetched upstream test files::
     UPSTREAM_DIR/dynamo/test_ctx_manager.py
     UPSTREAM_DIR/dynamo/test_generator.py
 
+The index's ``test_generator.py`` is newer than 2.13.0 and collects only with a
+``conftest.py`` beside it that defines ``TestCaseWithNestedGraphBreaks`` (see
+CONTRIBUTING.md); without one its stock run is reported as not run.
+
 Each file is run with ``PYTHON -m pytest FILE -q -p no:cacheprovider -p no:logging -rf``
 from its own folder, once with ``TORCH_GRADMODE_OVERLAY=0`` (stock torch) and once
 without it (the patch).  The FAILED test ids of both runs are compared.  Exit code 1

@@ -318,9 +318,10 @@ class TestGradModeAutogradModeState(TestCase):
 
         gen = body()
         next(gen)  # the first step outside the mode
+        before = autograd_state()
         with Record() as mode:
             self.assertIs(next(gen), False)
-            self.assertIs(torch.is_grad_enabled(), True)
+            self.assertEqual(autograd_state(), before)
         set_grad = torch._C._set_grad_enabled
         self.assertEqual(mode.calls, [(set_grad, (False,)), (set_grad, (True,))])
 
