@@ -7,11 +7,43 @@ import inspect
 import warnings
 
 import torch
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    skipIfTorchDynamo,
+    TestCase,
+)
 
 
 DEVICES = ("cpu", "cuda", "mtia", "maia", "xpu", "ipu", "hpu", "xla", "mps")
 DEVICES += (torch._C._get_privateuse1_backend_name(),)
+
+
+# Where a decorated generator may be stepped under tracing (issue 26).
+TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
+
+
+def trace(run, x, tracer):
+    """``run(x)``, *run* traced by *tracer* from ``TRACERS``."""
+    if tracer.startswith("compile"):
+        torch._dynamo.reset()
+        return torch.compile(run, backend="eager", fullgraph=tracer != "compile")(x)
+    if tracer == "make_fx":
+        return make_fx(run, pre_dispatch=True)(x)(x)
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return run(x)
+
+    strict = tracer == "export_strict"
+    return torch.export.export(Module(), (x,), strict=strict).module()(x)
+
+
+def outputs(tensors):
+    """What a step computed: each tensor's value, dtype, grad requirement and inference flag."""
+    return [(t.tolist(), t.dtype, t.requires_grad, t.is_inference()) for t in tensors]
 
 
 def autocast_state():
@@ -459,6 +491,87 @@ class TestAutocastSuspend(TestCase):
         self.assertEqual(compiled(self.x), outer(self.x))
         self.assertEqual(counter.frame_count, 1)
 
+
+    def test_states_are_equal_where_they_are_alike(self):
+        outside = torch._C._get_autocast_state("cpu")
+        self.assertTrue(outside == torch._C._get_autocast_state("cpu"))
+        self.assertFalse(outside != torch._C._get_autocast_state("cpu"))
+        self.assertNotEqual(outside, torch._C._get_autocast_state("cuda"))
+        self.assertNotEqual(outside, outside.__class__)
+        for ctx in (
+            torch.autocast("cpu"),
+            torch.autocast("cpu", enabled=False),  # its nesting count
+            torch.autocast("cpu", enabled=False, cache_enabled=False),
+        ):
+            with self.subTest(ctx=ctx), ctx:
+                self.assertNotEqual(torch._C._get_autocast_state("cpu"), outside)
+        with callers_autocast_state():  # another device type's flag is not the CPU's state
+            torch.set_autocast_enabled("cuda", not torch.is_autocast_enabled("cuda"))
+            self.assertEqual(torch._C._get_autocast_state("cpu"), outside)
+
+
+@skipIfTorchDynamo("traces the generators itself")
+class TestAutocastSuspendTraced(TestCase):
+    """Stepped in traced code, an autocast generator computes what it does eagerly, or tracing fails."""
+
+    @staticmethod
+    def steps(shape):
+        """Three steps of a ``bf16`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``."""
+
+        @bf16
+        def gen(x):
+            yield x @ x
+            own = shape == "own_block"
+            with torch.autocast("cpu", enabled=False) if own else contextlib.nullcontext():
+                yield x @ x
+                yield x @ x
+
+        def run(x):
+            g = gen(x)
+            first = next(g)
+            caller = shape == "caller_changes"
+            with torch.autocast("cpu", dtype=torch.float16) if caller else contextlib.nullcontext():
+                second = next(g)
+            return first, second, next(g)
+
+        return run
+
+    @parametrize("shape", ["plain", "own_block", "caller_changes"])
+    @parametrize("tracer", TRACERS)
+    def test_traced_generator(self, shape, tracer):
+        run, x = self.steps(shape), torch.eye(2, requires_grad=True)
+        if shape == "own_block" and tracer != "compile":
+            with self.assertRaisesRegex(Exception, "of its own"):
+                trace(run, x, tracer)
+        else:  # the default compile runs the own block's steps eagerly
+            self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
+
+    def test_module_iterating_a_generator_method(self):
+        # The case of issue 26: the carried autocast decides the dtype.  Dynamo
+        # 2.13 cannot trace a generator that drives a generator to its end: it
+        # turns the StopIteration the driver catches into a RuntimeError.
+        class Model(torch.nn.Module):
+            @bf16
+            def steps(self, x):
+                for _ in range(3):
+                    x = x @ x
+                    yield x
+
+            def forward(self, x):
+                return [y for y in self.steps(x)]
+
+        x, model = torch.eye(2, requires_grad=True), Model()
+        eager = outputs(model(x))
+        self.assertEqual(eager[0][1], torch.bfloat16)
+        self.assertEqual(outputs(trace(model, x, "compile")), eager)
+        self.assertEqual(outputs(trace(model, x, "export")), eager)
+        for tracer in ("compile_fullgraph", "export_strict"):
+            with self.subTest(tracer=tracer):
+                with self.assertRaisesRegex(Exception, "Observed exception"):
+                    trace(model, x, tracer)
+
+
+instantiate_parametrized_tests(TestAutocastSuspendTraced)
 
 if __name__ == "__main__":
     run_tests()

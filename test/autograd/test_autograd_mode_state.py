@@ -27,6 +27,7 @@ from torch.autograd.grad_mode import (
     enforce_grad_layout_policy,
     set_multithreading_enabled,
 )
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -36,6 +37,31 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 from torch.utils.checkpoint import GraphExecGroup
+
+
+# Where a decorated generator may be stepped under tracing (issue 26).
+TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
+
+
+def trace(run, x, tracer):
+    """``run(x)``, *run* traced by *tracer* from ``TRACERS``."""
+    if tracer.startswith("compile"):
+        torch._dynamo.reset()
+        return torch.compile(run, backend="eager", fullgraph=tracer != "compile")(x)
+    if tracer == "make_fx":
+        return make_fx(run, pre_dispatch=True)(x)(x)
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return run(x)
+
+    strict = tracer == "export_strict"
+    return torch.export.export(Module(), (x,), strict=strict).module()(x)
+
+
+def outputs(tensors):
+    """What a step computed: each tensor's value, dtype, grad requirement and inference flag."""
+    return [(t.tolist(), t.dtype, t.requires_grad, t.is_inference()) for t in tensors]
 
 
 def capture():
@@ -271,6 +297,18 @@ class TestGradModeAutogradModeState(TestCase):
         gc.collect()
         self.assertIsNone(ref())
 
+    def test_states_are_equal_where_a_swap_installs_them_alike(self):
+        outside = capture()
+        self.assertTrue(outside == capture())
+        self.assertFalse(outside != capture())
+        self.assertNotEqual(outside, outside.__class__)
+        for name, change in CHANGES.items():
+            with self.subTest(change=name), change():
+                self.assertNotEqual(capture(), outside)
+        # Key bits inference mode does not toggle are not a state's.
+        with excluding(DispatchKey.Python):
+            self.assertEqual(capture(), outside)
+
     def test_bad_arguments_raise_type_error(self):
         before = autograd_state()
         for bad in (None, 1, object(), torch.no_grad()):
@@ -457,7 +495,63 @@ class TestGradModeSuspendInferenceMode(TestCase):
         self.assertEqual(autograd_state(), before)
 
 
+@skipIfTorchDynamo("traces the generators itself")
+class TestGradModeSuspendInferenceModeTraced(TestCase):
+    """Stepped in traced code, an inference_mode generator computes what it does eagerly, or tracing fails."""
+
+    @staticmethod
+    def steps(shape, decorated=True):
+        """Three steps of an ``inference_mode`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``.
+
+        Undecorated, each step computes in a block of its own, as a tracer enters the decorator.
+        """
+        step = contextlib.nullcontext if decorated else torch.inference_mode
+
+        def gen(x):
+            with step():
+                y = x * 2
+            yield y
+            own = shape == "own_block"
+            with torch.inference_mode(False) if own else contextlib.nullcontext():
+                for k in (3, 4):
+                    with step():
+                        y = x * k
+                    yield y
+
+        if decorated:
+            gen = torch.inference_mode()(gen)
+
+        def run(x):
+            g = gen(x)
+            first = next(g)
+            with torch.no_grad() if shape == "caller_changes" else contextlib.nullcontext():
+                second = next(g)
+            return first, second, next(g)
+
+        return run
+
+    @parametrize("shape", ["plain", "own_block", "caller_changes"])
+    @parametrize("tracer", TRACERS)
+    def test_traced_generator(self, shape, tracer):
+        run, x = self.steps(shape), torch.ones(2, requires_grad=True)
+        if tracer in ("compile_fullgraph", "export_strict"):
+            # Dynamo cannot read inference mode, to check a step.
+            with self.assertRaisesRegex(Exception, "cannot read inference mode"):
+                trace(run, x, tracer)
+        elif shape == "own_block" and tracer != "compile":
+            with self.assertRaisesRegex(RuntimeError, "of its own"):
+                trace(run, x, tracer)
+        elif tracer == "compile":  # run eagerly
+            self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
+        else:
+            # torch.export drops inference mode, from any block (issue 26).
+            undecorated = self.steps(shape, decorated=False)
+            expected = outputs(trace(undecorated, x, tracer))
+            self.assertEqual(outputs(trace(run, x, tracer)), expected)
+
+
 instantiate_parametrized_tests(TestGradModeSuspendInferenceMode)
+instantiate_parametrized_tests(TestGradModeSuspendInferenceModeTraced)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from torch.autograd.grad_mode import (
     enforce_grad_layout_policy,
     set_multithreading_enabled,
 )
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import (
     disable_gc,
     instantiate_parametrized_tests,
@@ -32,6 +33,31 @@ from torch.testing._internal.common_utils import (
 )
 from torch.utils._contextlib import _DecoratorContextManager, context_decorator
 from torch.utils.checkpoint import GraphExecGroup
+
+
+# Where a decorated generator may be stepped under tracing (issue 26).
+TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
+
+
+def trace(run, x, tracer):
+    """``run(x)``, *run* traced by *tracer* from ``TRACERS``."""
+    if tracer.startswith("compile"):
+        torch._dynamo.reset()
+        return torch.compile(run, backend="eager", fullgraph=tracer != "compile")(x)
+    if tracer == "make_fx":
+        return make_fx(run, pre_dispatch=True)(x)(x)
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return run(x)
+
+    strict = tracer == "export_strict"
+    return torch.export.export(Module(), (x,), strict=strict).module()(x)
+
+
+def outputs(tensors):
+    """What a step computed: each tensor's value, dtype, grad requirement and inference flag."""
+    return [(t.tolist(), t.dtype, t.requires_grad, t.is_inference()) for t in tensors]
 
 
 # Dynamo would trace the test bodies, which switch and inspect the thread's
@@ -578,9 +604,64 @@ class TestGradModeSuspendFixes(AutogradStateTestCase):
         self.assertEqual(out, f(x))
 
 
+@skipIfTorchDynamo("traces the generators itself")
+class TestGradModeSuspendTraced(TestCase):
+    """Stepped in traced code, a decorated generator computes what it does eagerly, or tracing fails."""
+
+    @staticmethod
+    def steps(shape):
+        """Three steps of a ``no_grad`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``."""
+
+        @torch.no_grad()
+        def gen(x):
+            yield x * 2
+            with torch.enable_grad() if shape == "own_block" else contextlib.nullcontext():
+                yield x * 3
+                yield x * 4
+
+        def run(x):
+            g = gen(x)
+            first = next(g)
+            with torch.no_grad() if shape == "caller_changes" else contextlib.nullcontext():
+                second = next(g)
+            return first, second, next(g)
+
+        return run
+
+    @parametrize("shape", ["plain", "own_block", "caller_changes"])
+    @parametrize("tracer", TRACERS)
+    def test_traced_generator(self, shape, tracer):
+        run, x = self.steps(shape), torch.ones(2, requires_grad=True)
+        if shape == "own_block" and tracer != "compile":
+            # Entered at each step, the body's own block would end at its yield.
+            with self.assertRaisesRegex(Exception, "of its own"):
+                trace(run, x, tracer)
+        else:  # the default compile runs the own block's steps eagerly
+            self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
+
+    @parametrize("fullgraph", [False, True])
+    def test_exhausted_generator_is_not_traced(self, fullgraph):
+        # Dynamo 2.13 cannot trace a generator that drives a generator to its
+        # end: it turns the StopIteration the driver catches into a RuntimeError.
+        @torch.no_grad()
+        def gen(x):
+            yield x * 2
+
+        def run(x):
+            return list(gen(x))
+
+        x = torch.ones(2, requires_grad=True)
+        if fullgraph:
+            with self.assertRaisesRegex(Exception, "Observed exception"):
+                trace(run, x, "compile_fullgraph")
+        else:
+            self.assertEqual(outputs(trace(run, x, "compile")), outputs(run(x)))
+
+
 instantiate_parametrized_tests(TestGradModeSuspend)
 instantiate_parametrized_tests(TestGradModeOtherContexts)
 instantiate_parametrized_tests(TestGradModeSuspendFixes)
+instantiate_parametrized_tests(TestGradModeSuspendTraced)
 
 
 if __name__ == "__main__":

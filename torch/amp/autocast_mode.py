@@ -31,6 +31,19 @@ def _copy(autocast_instance):
     return ctx
 
 
+def _capture(autocast_instance, capture, device):
+    """*capture* of *autocast_instance*'s device type, as a body enters its copy of it."""
+    if torch.compiler.is_dynamo_compiling():
+        # Dynamo cannot trace the binding, nor read the instance's device: it
+        # only checks that each step leaves *device*'s state as found (issue 26).
+        return (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+            torch.is_autocast_cache_enabled(),
+        )
+    return capture(autocast_instance.device)
+
+
 def _call_in_autocast(autocast_instance, func):
     """Wrap *func* to run as in a ``with`` block of a copy of *autocast_instance*, at less cost."""
     ctx = autocast_instance
@@ -85,12 +98,13 @@ def autocast_decorator(autocast_instance, func):
             cls = func
             func = functools.wraps(cls)(lambda *args, **kwargs: cls(*args, **kwargs))
         capture, swap = carried
-        # The device read as each body enters its copy of the instance.
-        carried = (lambda: capture(autocast_instance.device), swap)
         decorate_autocast = context_decorator(
             functools.partial(_copy, autocast_instance),
             func,
-            carried=carried,
+            carried=(
+                functools.partial(_capture, autocast_instance, capture, autocast_instance.device),
+                swap,
+            ),
             wrap_call=functools.partial(_call_in_autocast, autocast_instance),
         )
     decorate_autocast.__script_unsupported = ...

@@ -2,7 +2,11 @@
 # replaces there, and the imports they need (see overlay/_torch_gradmode_splice.py).
 import functools
 
-from torch.utils._contextlib import _call_in_inference_mode, _call_with_grad_mode
+from torch.utils._contextlib import (
+    _call_in_inference_mode,
+    _call_with_grad_mode,
+    _get_autograd_mode_state,
+)
 
 
 def _flag_state(is_enabled, set_enabled):
@@ -17,10 +21,8 @@ def _flag_state(is_enabled, set_enabled):
 
 
 _GRAD_MODE_STATE = (torch._C.is_grad_enabled, torch._C._swap_grad_enabled)
-_INFERENCE_MODE_STATE = (
-    torch._C._get_autograd_mode_state,
-    torch._C._swap_autograd_mode_state,
-)
+
+_INFERENCE_MODE_STATE = (_get_autograd_mode_state, torch._C._swap_autograd_mode_state)
 
 
 class no_grad(_NoParamDecoratorContextManager):

@@ -46,8 +46,8 @@ class _Body:
 
 
 def _traced():
-    """Whether Dynamo or torch.export's tracing runs: both model a context entered at each step."""
-    if torch.compiler.is_dynamo_compiling():
+    """Whether torch.compile, torch.export or make_fx's pre-dispatch tracer (no public flag) runs."""
+    if torch.compiler.is_compiling():
         return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
@@ -80,7 +80,16 @@ def _driver(start):
                         body.state, caller = swap(caller), None
                 else:
                     with body.ctx_factory():
+                        entered = body.capture() if body.swap else None
                         responses.append(method(arg))
+                        if body.swap and body.capture() != entered:
+                            it.close()  # in the state its blocks restore
+                            raise RuntimeError(
+                                "a decorated generator, coroutine or async generator "
+                                "suspended in a grad mode, inference mode or autocast state "
+                                "of its own, which torch.compile and torch.export cannot "
+                                "carry to its next step (end its block before the yield)"
+                            )
                     if not responses:
                         return  # the context suppressed what ended the body
                 arg = None
@@ -201,6 +210,14 @@ def _call_in_inference_mode(ctx, func):
             return func(*args, **kwargs)
 
     return decorate_context
+
+
+def _get_autograd_mode_state():
+    """The thread's autograd mode state, which Dynamo cannot read: it graph-breaks, saying so."""
+    if torch.compiler.is_dynamo_compiling():
+        msg = "torch.compile cannot read inference mode to trace an inference_mode-decorated generator"
+        torch._dynamo.graph_break(msg=msg)
+    return torch._C._get_autograd_mode_state()
 
 
 def _declared(ctx, name, methods=("__enter__", "__exit__")):

@@ -56,6 +56,8 @@ struct AutocastState {
     }
     at::autocast::clear_cache();
   }
+
+  bool operator==(const AutocastState&) const = default;
 };
 
 // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
@@ -63,6 +65,17 @@ struct THPAutocastState {
   PyObject_HEAD
   AutocastState state;
 };
+
+// Equal states: so that a traced body's step can be checked to leave its
+// decorator's state as it found it (torch.utils._contextlib._driver).
+PyObject* richcompare(PyObject* self, PyObject* other, int op) {
+  if (Py_TYPE(other) != Py_TYPE(self) || (op != Py_EQ && op != Py_NE)) {
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  const bool equal = reinterpret_cast<THPAutocastState*>(self)->state ==
+      reinterpret_cast<THPAutocastState*>(other)->state;
+  return PyBool_FromLong(equal == (op == Py_EQ));
+}
 
 // The type frees its objects with the inherited deallocator.
 static_assert(std::is_trivially_destructible_v<AutocastState>);
@@ -89,6 +102,9 @@ PyTypeObject THPAutocastStateType = {
     nullptr, /* tp_as_buffer */
     Py_TPFLAGS_DEFAULT, /* tp_flags */
     "A thread's autocast state for one device type.", /* tp_doc */
+    nullptr, /* tp_traverse */
+    nullptr, /* tp_clear */
+    richcompare, /* tp_richcompare */
 };
 
 // Returns a new reference to the calling thread's state for ``device_type``.

@@ -26,6 +26,7 @@
 #include <torch/csrc/utils/object_ptr.h>
 
 #include <new>
+#include <tuple>
 
 namespace torch::autograd {
 
@@ -103,6 +104,30 @@ void dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
+// Equal states are installed alike: the same c10::AutogradState and the
+// same inference-mode key bits.  So that a traced body's step can be checked
+// to leave its decorator's state as it found it (torch.utils._contextlib).
+PyObject* richcompare(PyObject* self, PyObject* other, int op) {
+  if (Py_TYPE(other) != Py_TYPE(self) || (op != Py_EQ && op != Py_NE)) {
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  const auto fields = [](const AutogradModeState& s) {
+    const auto& group = s.autograd.get_graph_exec_group();
+    return std::tuple{
+        s.autograd.get_grad_mode(),
+        s.autograd.get_inference_mode(),
+        s.autograd.get_fw_grad_mode(),
+        s.autograd.get_multithreading_enabled(),
+        s.autograd.get_view_replay_enabled(),
+        s.autograd.get_grad_layout_enforcement_enabled(),
+        group ? group->ptr(&group->pyinterpreter()) : nullptr,
+        s.keys.included_ & kInferenceBits.included,
+        s.keys.excluded_ & kInferenceBits.excluded};
+  };
+  const bool equal = fields(unpack(self)) == fields(unpack(other));
+  return PyBool_FromLong(equal == (op == Py_EQ));
+}
+
 PyTypeObject THPAutogradModeStateType = {
     PyVarObject_HEAD_INIT(nullptr, 0)
     "torch._C._AutogradModeState", /* tp_name */
@@ -127,6 +152,7 @@ PyTypeObject THPAutogradModeStateType = {
     "A thread's autograd mode state.", /* tp_doc */
     traverse, /* tp_traverse */
     clear, /* tp_clear */
+    richcompare, /* tp_richcompare */
 };
 
 // Returns a new reference to the calling thread's state, captured.

@@ -47,7 +47,16 @@ def _driver(start):
                         body.state, caller = swap(caller), None
                 else:
                     with body.ctx_factory():
+                        entered = body.capture() if body.swap else None
                         responses.append(method(arg))
+                        if body.swap and body.capture() != entered:
+                            it.close()  # in the state its blocks restore
+                            raise RuntimeError(
+                                "a decorated generator suspended in a grad mode of its "
+                                "own, which torch.compile and torch.export cannot carry "
+                                "to its next step: close the block before the yield, or "
+                                "step the generator outside the compiled or exported code"
+                            )
                     if not responses:
                         return  # the context suppressed what ended the body
                 arg = None
