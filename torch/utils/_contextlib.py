@@ -49,6 +49,7 @@ def _traced():
     """Whether torch.compile, torch.export or make_fx's pre-dispatch tracer (no public flag) runs."""
     if torch.compiler.is_compiling():
         return True
+    # make_fx(pre_dispatch=True) sets neither flag: its tracer is a torch function mode.
     if not torch._C._is_torch_function_mode_enabled():
         return False
     from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
