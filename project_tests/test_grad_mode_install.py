@@ -125,7 +125,7 @@ class TestGradModeInstall(TestCase):
         self.assertIs(grad_mode.inference_mode._carried_state, grad_mode._INFERENCE_MODE_STATE)
         self.assertEqual(
             grad_mode._INFERENCE_MODE_STATE,
-            (torch._C._get_autograd_mode_state, torch._C._swap_autograd_mode_state),
+            (contextlib_mod._get_autograd_mode_state, torch._C._swap_autograd_mode_state),
         )
 
     def test_the_tree_links_to_the_wheel(self):

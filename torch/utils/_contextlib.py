@@ -86,10 +86,9 @@ def _driver(start):
                         if body.swap and body.capture() != entered:
                             it.close()  # in the state its blocks restore
                             raise RuntimeError(
-                                "a decorated generator, coroutine or async generator "
-                                "suspended in a grad mode, inference mode or autocast state "
-                                "of its own, which torch.compile and torch.export cannot "
-                                "carry to its next step (end its block before the yield)"
+                                "a decorated generator suspended in a grad mode, inference mode or "
+                                "autocast state of its own, which torch.compile and torch.export "
+                                "cannot carry to its next step (end its block before the yield)"
                             )
                     if not responses:
                         return  # the context suppressed what ended the body
