@@ -491,7 +491,6 @@ class TestAutocastSuspend(TestCase):
         self.assertEqual(compiled(self.x), outer(self.x))
         self.assertEqual(counter.frame_count, 1)
 
-
     def test_states_are_equal_where_they_are_alike(self):
         outside = torch._C._get_autocast_state("cpu")
         self.assertTrue(outside == torch._C._get_autocast_state("cpu"))
@@ -505,7 +504,9 @@ class TestAutocastSuspend(TestCase):
         ):
             with self.subTest(ctx=ctx), ctx:
                 self.assertNotEqual(torch._C._get_autocast_state("cpu"), outside)
-        with callers_autocast_state():  # another device type's flag is not the CPU's state
+        with (
+            callers_autocast_state()
+        ):  # another device type's flag is not the CPU's state
             torch.set_autocast_enabled("cuda", not torch.is_autocast_enabled("cuda"))
             self.assertEqual(torch._C._get_autocast_state("cpu"), outside)
 
@@ -516,31 +517,43 @@ class TestAutocastSuspendTraced(TestCase):
 
     @staticmethod
     def steps(shape):
-        """Three steps of a ``bf16`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``."""
+        """Three steps of a ``bf16`` generator whose body or caller changes autocast as *shape* says."""
+        own = {
+            "own_block": torch.autocast("cpu", enabled=False),
+            "same_block": torch.autocast("cpu", dtype=torch.bfloat16),  # its nesting
+        }
 
         @bf16
         def gen(x):
             yield x @ x
-            own = shape == "own_block"
-            with torch.autocast("cpu", enabled=False) if own else contextlib.nullcontext():
+            with own.get(shape, contextlib.nullcontext()):
                 yield x @ x
                 yield x @ x
 
         def run(x):
             g = gen(x)
-            first = next(g)
             caller = shape == "caller_changes"
-            with torch.autocast("cpu", dtype=torch.float16) if caller else contextlib.nullcontext():
+            with (
+                torch.autocast("cpu", enabled=False)
+                if caller
+                else contextlib.nullcontext()
+            ):
+                first = next(g)
+            with (
+                torch.autocast("cpu", dtype=torch.float16)
+                if caller
+                else contextlib.nullcontext()
+            ):
                 second = next(g)
             return first, second, next(g)
 
         return run
 
-    @parametrize("shape", ["plain", "own_block", "caller_changes"])
+    @parametrize("shape", ["plain", "own_block", "same_block", "caller_changes"])
     @parametrize("tracer", TRACERS)
     def test_traced_generator(self, shape, tracer):
         run, x = self.steps(shape), torch.eye(2, requires_grad=True)
-        if shape == "own_block" and tracer != "compile":
+        if shape.endswith("block") and tracer != "compile":
             with self.assertRaisesRegex(Exception, "of its own"):
                 trace(run, x, tracer)
         else:  # the default compile runs the own block's steps eagerly
@@ -558,7 +571,7 @@ class TestAutocastSuspendTraced(TestCase):
                     yield x
 
             def forward(self, x):
-                return [y for y in self.steps(x)]
+                return list(self.steps(x))
 
         x, model = torch.eye(2, requires_grad=True), Model()
         eager = outputs(model(x))

@@ -497,7 +497,7 @@ class TestGradModeSuspendInferenceMode(TestCase):
 
 @skipIfTorchDynamo("traces the generators itself")
 class TestGradModeSuspendInferenceModeTraced(TestCase):
-    """Stepped in traced code, an inference_mode generator computes what it does eagerly, or tracing fails."""
+    """Traced, an inference_mode generator computes as eagerly (as a block, under export) or tracing fails."""
 
     @staticmethod
     def steps(shape, decorated=True):
@@ -523,8 +523,10 @@ class TestGradModeSuspendInferenceModeTraced(TestCase):
 
         def run(x):
             g = gen(x)
-            first = next(g)
-            with torch.no_grad() if shape == "caller_changes" else contextlib.nullcontext():
+            caller = shape == "caller_changes"
+            with torch.no_grad() if caller else contextlib.nullcontext():
+                first = next(g)
+            with torch.inference_mode(False) if caller else contextlib.nullcontext():
                 second = next(g)
             return first, second, next(g)
 

@@ -13,6 +13,7 @@ would.  Any other decorating context is entered afresh around each step.
 import contextlib
 import inspect
 import itertools
+import threading
 import weakref
 
 import torch
@@ -610,34 +611,62 @@ class TestGradModeSuspendTraced(TestCase):
 
     @staticmethod
     def steps(shape):
-        """Three steps of a ``no_grad`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``."""
+        """Three steps of a ``no_grad`` generator whose body or caller changes grad mode as *shape* says."""
 
         @torch.no_grad()
         def gen(x):
             yield x * 2
-            with torch.enable_grad() if shape == "own_block" else contextlib.nullcontext():
+            if shape == "own_call":
+                torch.set_grad_enabled(True)
+            with (
+                torch.enable_grad()
+                if shape == "own_block"
+                else contextlib.nullcontext()
+            ):
                 yield x * 3
                 yield x * 4
 
         def run(x):
             g = gen(x)
-            first = next(g)
-            with torch.no_grad() if shape == "caller_changes" else contextlib.nullcontext():
+            caller = shape == "caller_changes"
+            with torch.no_grad() if caller else contextlib.nullcontext():
+                first = next(g)
+            with torch.enable_grad() if caller else contextlib.nullcontext():
                 second = next(g)
             return first, second, next(g)
 
         return run
 
-    @parametrize("shape", ["plain", "own_block", "caller_changes"])
+    @parametrize("shape", ["plain", "own_block", "own_call", "caller_changes"])
     @parametrize("tracer", TRACERS)
     def test_traced_generator(self, shape, tracer):
         run, x = self.steps(shape), torch.ones(2, requires_grad=True)
-        if shape == "own_block" and tracer != "compile":
-            # Entered at each step, the body's own block would end at its yield.
+        if shape.startswith("own") and tracer != "compile":
+            # Entered at each step, the decorator would drop the body's own mode.
             with self.assertRaisesRegex(Exception, "of its own"):
                 trace(run, x, tracer)
-        else:  # the default compile runs the own block's steps eagerly
+        else:  # the default compile runs the body's own mode's steps eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
+
+    def test_eager_generator_while_another_thread_compiles(self):
+        # torch.compiler.is_compiling() is true for every thread meanwhile.
+        compiling, done = threading.Event(), threading.Event()
+
+        def backend(gm, example_inputs):
+            compiling.set()
+            done.wait(30)
+            return gm.forward
+
+        compiled = torch.compile(lambda x: x + 1, backend=backend)
+        thread = threading.Thread(target=compiled, args=(torch.ones(1),))
+        thread.start()
+        try:
+            self.assertTrue(compiling.wait(30))
+            run, x = self.steps("own_block"), torch.ones(2, requires_grad=True)
+            self.assertEqual([t.requires_grad for t in run(x)], [False, True, True])
+        finally:
+            done.set()
+            thread.join()
 
     @parametrize("fullgraph", [False, True])
     def test_exhausted_generator_is_not_traced(self, fullgraph):

@@ -36,10 +36,13 @@ def _capture(autocast_instance, capture, device):
     if torch.compiler.is_dynamo_compiling():
         # Dynamo cannot trace the binding, nor read the instance's device: it
         # only checks that each step leaves *device*'s state as found (issue 26).
+        nesting = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
         return (
             torch.is_autocast_enabled(device),
             torch.get_autocast_dtype(device),
             torch.is_autocast_cache_enabled(),
+            nesting,
         )
     return capture(autocast_instance.device)
 
@@ -102,7 +105,9 @@ def autocast_decorator(autocast_instance, func):
             functools.partial(_copy, autocast_instance),
             func,
             carried=(
-                functools.partial(_capture, autocast_instance, capture, autocast_instance.device),
+                functools.partial(
+                    _capture, autocast_instance, capture, autocast_instance.device
+                ),
                 swap,
             ),
             wrap_call=functools.partial(_call_in_autocast, autocast_instance),

@@ -46,10 +46,11 @@ class _Body:
 
 
 def _traced():
-    """Whether torch.compile, torch.export or make_fx's pre-dispatch tracer (no public flag) runs."""
-    if torch.compiler.is_compiling():
+    """Whether Dynamo or make_fx's pre-dispatch tracer (torch.export's) traces this thread."""
+    # Not torch.compiler.is_compiling(): it holds for the whole process while any
+    # thread compiles (test_eager_generator_while_another_thread_compiles).
+    if torch.compiler.is_dynamo_compiling():
         return True
-    # make_fx(pre_dispatch=True) sets neither flag: its tracer is a torch function mode.
     if not torch._C._is_torch_function_mode_enabled():
         return False
     from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
@@ -87,8 +88,9 @@ def _driver(start):
                             it.close()  # in the state its blocks restore
                             raise RuntimeError(
                                 "a decorated generator suspended in a grad mode, inference mode or "
-                                "autocast state of its own, which torch.compile and torch.export "
-                                "cannot carry to its next step (end its block before the yield)"
+                                "autocast state of its own (a block open across the yield, or a "
+                                "mode it set), which torch.compile and torch.export cannot carry "
+                                "to its next step: step it outside the compiled or exported code"
                             )
                     if not responses:
                         return  # the context suppressed what ended the body
