@@ -648,6 +648,24 @@ class TestGradModeSuspendTraced(TestCase):
         else:  # the default compile runs the body's own mode's steps eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
 
+    def test_generator_first_stepped_in_traced_code_carries_afterwards(self):
+        @torch.no_grad()
+        def gen(x):
+            yield x * 2
+            with torch.enable_grad():
+                yield x * 3
+                yield x * 4
+
+        kept = []
+
+        def first_step(x):
+            kept.append(gen(x))
+            return next(kept[0])
+
+        make_fx(first_step, pre_dispatch=True)(torch.ones(2, requires_grad=True))
+        # Its traced step ended as it began: the rest of it carries its block.
+        self.assertEqual([t.requires_grad for t in kept[0]], [True, True])
+
     def test_eager_generator_while_another_thread_compiles(self):
         # torch.compiler.is_compiling() is true for every thread meanwhile.
         compiling, done = threading.Event(), threading.Event()

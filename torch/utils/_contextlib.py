@@ -65,15 +65,17 @@ def _driver(start):
     def drive(*args, **kwargs):
         body, it = start(*args, **kwargs)
         del args, kwargs  # the body may drop them
-        method, arg, responses = it.send, None, []
+        method = send = it.send
+        arg, responses = None, []
         try:
-            if body.ctx is None and body.swap and not _traced():
-                caller, ctx = body.capture(), body.ctx_factory()
-                ctx.__enter__()
-                body.ctx, body.state = ctx, body.swap(caller)
-            # Traced, the context is entered at each step instead.
-            swap, send = body.swap if body.ctx is not None else None, it.send
             while True:
+                # At its first untraced step: traced steps end as they began.
+                if body.ctx is None and body.swap and not _traced():
+                    caller, ctx = body.capture(), body.ctx_factory()
+                    ctx.__enter__()
+                    body.ctx, body.state = ctx, body.swap(caller)
+                # Traced, the context is entered at each step instead.
+                swap = body.swap if body.ctx is not None else None
                 if swap:
                     caller = swap(body.state)
                     try:
