@@ -559,6 +559,26 @@ class TestAutocastSuspendTraced(TestCase):
         else:  # the default compile runs the own block's steps eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
 
+    def test_started_eagerly_then_traced(self):
+        # Export's tracer records autocast's blocks, not the swaps of a body
+        # that carries: its step is traced as a fresh one's, if it is one.
+        @bf16
+        def gen(x):
+            yield x @ x
+            yield x @ x
+            with torch.autocast("cpu", enabled=False):
+                yield x @ x
+                yield x @ x
+
+        x = torch.eye(2, requires_grad=True)
+        eager, traced = gen(x), gen(x)
+        self.assertEqual(outputs([next(traced)]), outputs([next(eager)]))
+        step = make_fx(lambda x: next(traced), pre_dispatch=True)(x)
+        self.assertEqual(outputs([step(x)]), outputs([next(eager)]))
+        next(traced)  # eagerly, into its own block
+        with self.assertRaisesRegex(RuntimeError, "of its own"):
+            make_fx(lambda x: next(traced), pre_dispatch=True)(x)
+
     def test_module_iterating_a_generator_method(self):
         # The case of issue 26: the carried autocast decides the dtype.  Dynamo
         # 2.13 cannot trace a generator that drives a generator to its end: it

@@ -76,6 +76,8 @@ def _driver(start):
                     body.ctx, body.state = ctx, body.swap(caller)
                 # Traced, the context is entered at each step instead.
                 swap = body.swap if body.ctx is not None else None
+                if swap and torch._C._is_torch_function_mode_enabled() and _traced():
+                    swap = None  # export records contexts, not swaps (test_started_eagerly_then_traced)
                 if swap:
                     caller = swap(body.state)
                     try:
@@ -85,9 +87,15 @@ def _driver(start):
                 else:
                     with body.ctx_factory():
                         entered = body.capture() if body.swap else None
-                        responses.append(method(arg))
-                        if body.swap and body.capture() != entered:
-                            it.close()  # in the state its blocks restore
+                        # A body that carries: only if its state is a fresh entry's.
+                        fresh = body.ctx is None or entered == body.state
+                        if fresh:
+                            responses.append(method(arg))
+                        if not fresh or body.swap and body.capture() != entered:
+                            # Unseen by export's tracer: the body's blocks began outside it.
+                            with torch._C.DisableTorchFunction():
+                                it.close()  # in the state its blocks restore
+                                body.exit(GeneratorExit())
                             raise RuntimeError(
                                 "a decorated generator suspended in a grad mode, inference mode or "
                                 "autocast state of its own (a block open across the yield, or a "
