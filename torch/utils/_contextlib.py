@@ -9,7 +9,11 @@ import warnings
 from typing import Any, cast
 
 import torch
-from torch._C import _set_grad_enabled, is_grad_enabled
+from torch._C import (
+    _is_torch_function_mode_enabled,
+    _set_grad_enabled,
+    is_grad_enabled,
+)
 
 
 class _Body:
@@ -76,7 +80,7 @@ def _driver(start):
                     body.ctx, body.state = ctx, body.swap(caller)
                 # Traced, the context is entered at each step instead.
                 swap = body.swap if body.ctx is not None else None
-                if swap and torch._C._is_torch_function_mode_enabled() and _traced():
+                if swap and _is_torch_function_mode_enabled() and _traced():
                     swap = None  # export records contexts, not swaps (test_started_eagerly_then_traced)
                 if swap:
                     caller = swap(body.state)
