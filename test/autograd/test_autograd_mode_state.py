@@ -497,29 +497,19 @@ class TestGradModeSuspendInferenceMode(TestCase):
 
 @skipIfTorchDynamo("traces the generators itself")
 class TestGradModeSuspendInferenceModeTraced(TestCase):
-    """Traced, an inference_mode generator computes as eagerly (as a block, under export) or tracing fails."""
+    """Traced, an inference_mode generator computes as eagerly or tracing fails."""
 
     @staticmethod
-    def steps(shape, decorated=True):
-        """Three steps of an ``inference_mode`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``.
+    def steps(shape):
+        """Three steps of an ``inference_mode`` generator: *shape* is ``plain``, ``own_block`` or ``caller_changes``."""
 
-        Undecorated, each step computes in a block of its own, as a tracer enters the decorator.
-        """
-        step = contextlib.nullcontext if decorated else torch.inference_mode
-
+        @torch.inference_mode()
         def gen(x):
-            with step():
-                y = x * 2
-            yield y
+            yield x * 2
             own = shape == "own_block"
             with torch.inference_mode(False) if own else contextlib.nullcontext():
-                for k in (3, 4):
-                    with step():
-                        y = x * k
-                    yield y
-
-        if decorated:
-            gen = torch.inference_mode()(gen)
+                yield x * 3
+                yield x * 4
 
         def run(x):
             g = gen(x)
@@ -540,16 +530,36 @@ class TestGradModeSuspendInferenceModeTraced(TestCase):
             # Dynamo cannot read inference mode, to check a step.
             with self.assertRaisesRegex(Exception, "cannot read inference mode"):
                 trace(run, x, tracer)
-        elif shape == "own_block" and tracer != "compile":
-            with self.assertRaisesRegex(RuntimeError, "of its own"):
+        elif tracer != "compile":
+            # Export's tracer drops inference mode from the graph, of any block.
+            with self.assertRaisesRegex(RuntimeError, "does not record inference mode"):
                 trace(run, x, tracer)
-        elif tracer == "compile":  # run eagerly
+        else:  # run eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
-        else:
-            # torch.export drops inference mode, from any block (issue 26).
-            undecorated = self.steps(shape, decorated=False)
-            expected = outputs(trace(undecorated, x, tracer))
-            self.assertEqual(outputs(trace(run, x, tracer)), expected)
+
+    @parametrize("own_block", [False, True])
+    def test_started_eagerly_then_exported(self, own_block):
+        # Refused, the body is closed in its own state: the caller keeps its own.
+        ends = []
+
+        @torch.inference_mode()
+        def gen(x):
+            try:
+                with torch.inference_mode(not own_block):
+                    yield x * 2
+                    yield x * 3
+            finally:
+                ends.append(torch.is_inference_mode_enabled())
+
+        x = torch.ones(2, requires_grad=True)
+        g = gen(x)
+        self.assertEqual(next(g).is_inference(), not own_block)
+        before = autograd_state()
+        message = "of its own" if own_block else "does not record inference mode"
+        with self.assertRaisesRegex(RuntimeError, message):
+            make_fx(lambda x: next(g), pre_dispatch=True)(x)
+        self.assertEqual(autograd_state(), before)
+        self.assertEqual(ends, [True])
 
 
 instantiate_parametrized_tests(TestGradModeSuspendInferenceMode)

@@ -63,6 +63,54 @@ def _traced():
     return any(isinstance(mode, PreDispatchTorchFunctionMode) for mode in modes)
 
 
+_UNTRACEABLE = (
+    "a decorated generator suspended in a grad mode, inference mode or autocast state "
+    "of its own (a block open across the yield, or a mode it set), which torch.compile "
+    "and torch.export cannot carry to its next step: step it outside the compiled or "
+    "exported code"
+)
+
+
+def _close(body, it):
+    """Close *body*'s iterator *it*, suspended in the state the thread is in, then its context."""
+    with torch._C.DisableTorchFunction():  # unseen by export's tracer: they began outside it
+        it.close()
+        body.exit(GeneratorExit())
+
+
+def _check_fresh(body, it):
+    """Close *body*, in its own state, and raise, unless that state is what a fresh entry gives here."""
+    with torch._C.DisableTorchFunction():  # as _close
+        with body.ctx_factory():
+            fresh = body.state == body.capture()
+        if not fresh:
+            caller = body.swap(body.state)
+            try:
+                it.close()
+            finally:
+                body.state = body.swap(caller)
+            body.exit(GeneratorExit())
+            raise RuntimeError(_UNTRACEABLE)
+
+
+def _step_entered(body, it, method, arg):
+    """``[method(arg)]`` with *body*'s context entered for the step, as traced code steps it."""
+    with body.ctx_factory():
+        if not body.swap:
+            return [method(arg)]
+        try:
+            entered = body.capture()
+        except RuntimeError:  # inference mode, under export's tracer
+            _close(body, it)
+            raise
+        responses = [method(arg)]
+        if body.capture() != entered:
+            _close(body, it)
+            raise RuntimeError(_UNTRACEABLE)
+        return responses
+    return []  # the context suppressed what ended the body
+
+
 def _driver(start):
     """Make a generator function that steps the ``(_Body, iterator)`` that *start* returns."""
 
@@ -81,7 +129,9 @@ def _driver(start):
                 # Traced, the context is entered at each step instead.
                 swap = body.swap if body.ctx is not None else None
                 if swap and _is_torch_function_mode_enabled() and _traced():
-                    swap = None  # export records contexts, not swaps (test_started_eagerly_then_traced)
+                    # Export records contexts, not swaps (test_started_eagerly_then_traced).
+                    _check_fresh(body, it)
+                    swap = None
                 if swap:
                     caller = swap(body.state)
                     try:
@@ -89,23 +139,9 @@ def _driver(start):
                     finally:
                         body.state, caller = swap(caller), None
                 else:
-                    with body.ctx_factory():
-                        entered = body.capture() if body.swap else None
-                        # A body that carries: only if its state is a fresh entry's.
-                        fresh = body.ctx is None or entered == body.state
-                        if fresh:
-                            responses.append(method(arg))
-                        if not fresh or body.swap and body.capture() != entered:
-                            # Unseen by export's tracer: the body's blocks began outside it.
-                            with torch._C.DisableTorchFunction():
-                                it.close()  # in the state its blocks restore
-                                body.exit(GeneratorExit())
-                            raise RuntimeError(
-                                "a decorated generator suspended in a grad mode, inference mode or "
-                                "autocast state of its own (a block open across the yield, or a "
-                                "mode it set), which torch.compile and torch.export cannot carry "
-                                "to its next step: step it outside the compiled or exported code"
-                            )
+                    # Not inline: Dynamo 2.13 cannot trace a StopIteration leaving a with
+                    # block in a generator's frame (test_exhausted_generator).
+                    responses = _step_entered(body, it, method, arg)
                     if not responses:
                         return  # the context suppressed what ended the body
                 arg = None
@@ -229,10 +265,15 @@ def _call_in_inference_mode(ctx, func):
 
 
 def _get_autograd_mode_state():
-    """The thread's autograd mode state, which Dynamo cannot read: it graph-breaks, saying so."""
+    """The thread's autograd mode state, which traced code cannot record: say so, not trace without it."""
     if torch.compiler.is_dynamo_compiling():
         msg = "torch.compile cannot read inference mode to trace an inference_mode-decorated generator"
         torch._dynamo.graph_break(msg=msg)
+    elif _traced():
+        raise RuntimeError(
+            "torch.export does not record inference mode, so it cannot trace an "
+            "inference_mode-decorated generator: step it outside the exported code"
+        )
     return torch._C._get_autograd_mode_state()
 
 

@@ -24,6 +24,27 @@ class _Body:
             self.swap(caller)
 
 
+_UNTRACEABLE = (
+    "a decorated generator suspended in a grad mode of its own, which torch.compile "
+    "and torch.export cannot carry to its next step: close the block before the "
+    "yield, or step the generator outside the compiled or exported code"
+)
+
+
+def _step_entered(body, it, method, arg):
+    """``[method(arg)]`` with *body*'s context entered for the step, as traced code steps it."""
+    with body.ctx_factory():
+        if not body.swap:
+            return [method(arg)]
+        entered = body.capture()
+        responses = [method(arg)]
+        if body.capture() != entered:
+            it.close()  # in the state its blocks restore
+            raise RuntimeError(_UNTRACEABLE)
+        return responses
+    return []  # the context suppressed what ended the body
+
+
 def _driver(start):
     """Make a generator function that steps the ``(_Body, iterator)`` that *start* returns."""
 
@@ -48,17 +69,9 @@ def _driver(start):
                     finally:
                         body.state, caller = swap(caller), None
                 else:
-                    with body.ctx_factory():
-                        entered = body.capture() if body.swap else None
-                        responses.append(method(arg))
-                        if body.swap and body.capture() != entered:
-                            it.close()  # in the state its blocks restore
-                            raise RuntimeError(
-                                "a decorated generator suspended in a grad mode of its "
-                                "own, which torch.compile and torch.export cannot carry "
-                                "to its next step: close the block before the yield, or "
-                                "step the generator outside the compiled or exported code"
-                            )
+                    # Not inline: Dynamo 2.13 cannot trace a StopIteration leaving a with
+                    # block in a generator's frame (test_exhausted_generator).
+                    responses = _step_entered(body, it, method, arg)
                     if not responses:
                         return  # the context suppressed what ended the body
                 arg = None
