@@ -94,21 +94,25 @@ def _check_fresh(body, it):
 
 
 def _step_entered(body, it, method, arg):
-    """``[method(arg)]`` with *body*'s context entered for the step, as traced code steps it."""
-    with body.ctx_factory():
-        if not body.swap:
-            return [method(arg)]
-        try:
-            entered = body.capture()
-        except RuntimeError:  # inference mode, under export's tracer
-            _close(body, it)
-            raise
-        responses = [method(arg)]
-        if body.capture() != entered:
-            _close(body, it)
-            raise RuntimeError(_UNTRACEABLE)
-        return responses
-    return []  # the context suppressed what ended the body
+    """``[method(arg)]`` in a fresh entry of *body*'s context: traced, or a context that carries nothing."""
+    try:
+        with body.ctx_factory():
+            if not body.swap:
+                return [method(arg)]
+            try:
+                entered = body.capture()
+            except RuntimeError:  # inference mode, under export's tracer
+                _close(body, it)
+                raise
+            responses = [method(arg)]
+            if body.capture() != entered:
+                _close(body, it)
+                raise RuntimeError(_UNTRACEABLE)
+            return responses
+        return []  # the context suppressed what ended the body
+    finally:
+        # What was thrown in holds this frame in its traceback: a cycle.
+        arg = None
 
 
 def _driver(start):

@@ -32,17 +32,21 @@ _UNTRACEABLE = (
 
 
 def _step_entered(body, it, method, arg):
-    """``[method(arg)]`` with *body*'s context entered for the step, as traced code steps it."""
-    with body.ctx_factory():
-        if not body.swap:
-            return [method(arg)]
-        entered = body.capture()
-        responses = [method(arg)]
-        if body.capture() != entered:
-            it.close()  # in the state its blocks restore
-            raise RuntimeError(_UNTRACEABLE)
-        return responses
-    return []  # the context suppressed what ended the body
+    """``[method(arg)]`` in a fresh entry of *body*'s context: traced, or a context that carries nothing."""
+    try:
+        with body.ctx_factory():
+            if not body.swap:
+                return [method(arg)]
+            entered = body.capture()
+            responses = [method(arg)]
+            if body.capture() != entered:
+                it.close()  # in the state its blocks restore
+                raise RuntimeError(_UNTRACEABLE)
+            return responses
+        return []  # the context suppressed what ended the body
+    finally:
+        # What was thrown in holds this frame in its traceback: a cycle.
+        arg = None
 
 
 def _driver(start):
