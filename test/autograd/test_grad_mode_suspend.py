@@ -666,29 +666,6 @@ class TestGradModeSuspendTraced(TestCase):
         # Its traced step ended as it began: the rest of it carries its block.
         self.assertEqual([t.requires_grad for t in kept[0]], [True, True])
 
-    def test_started_eagerly_then_traced(self):
-        # Export's tracer records grad mode's blocks, not the swaps of a body
-        # that carries: one in a block of its own is closed in its own state.
-        ends = []
-
-        @torch.no_grad()
-        def gen(x):
-            try:
-                with torch.enable_grad():
-                    yield x * 2
-                    yield x * 3
-            finally:
-                ends.append(autograd_state())
-
-        x = torch.ones(2, requires_grad=True)
-        g = gen(x)
-        self.assertTrue(next(g).requires_grad)
-        before = autograd_state()
-        with self.assertRaisesRegex(RuntimeError, "of its own"):
-            make_fx(lambda x: next(g), pre_dispatch=True)(x)
-        self.assertEqual(autograd_state(), before)
-        self.assertEqual(ends[0][:2], (repr(False), repr(False)))  # grad, inference
-
     def test_eager_generator_while_another_thread_compiles(self):
         # torch.compiler.is_compiling() is true for every thread meanwhile.
         compiling, done = threading.Event(), threading.Event()

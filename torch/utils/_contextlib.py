@@ -73,7 +73,8 @@ _UNTRACEABLE = (
 
 def _close(body, it):
     """Close *body*'s iterator *it*, suspended in the state the thread is in, then its context."""
-    with torch._C.DisableTorchFunction():  # unseen by export's tracer: they began outside it
+    # Unseen by export's tracer: they began outside it.
+    with torch._C.DisableTorchFunction():
         it.close()
         body.exit(GeneratorExit())
 
