@@ -389,28 +389,25 @@ class TestGradModeAutogradModeState(TestCase):
         self.assertEqual(out, torch.tensor(6.0))
         self.assertFalse(out.requires_grad)
 
-    def test_export_refuses_a_grad_mode_body_started_eagerly_in_its_own_block(self):
-        # Under export's tracer a body that carries is stepped as a fresh one:
-        # one in a block of its own is refused, closed in its own state.
-        ends = []
-
+    def test_export_records_the_own_block_of_a_body_started_eagerly(self):
+        # Export's tracer records grad mode's swaps: a body that carries a
+        # block of its own is traced in it, and goes on eagerly afterwards.
         @torch.no_grad()
         def gen(x):
-            try:
-                with torch.enable_grad():
-                    yield x * 2
-                    yield x * 3
-            finally:
-                ends.append(autograd_state())
+            with torch.enable_grad():
+                yield x * 2
+                yield x * 3
+            yield x * 4
 
         x = torch.ones(2, requires_grad=True)
         g = gen(x)
         self.assertTrue(next(g).requires_grad)
-        before = autograd_state()
-        with self.assertRaisesRegex(RuntimeError, "of its own"):
-            make_fx(lambda x: next(g), pre_dispatch=True)(x)
-        self.assertEqual(autograd_state(), before)
-        self.assertEqual(ends[0][:2], (repr(False), repr(False)))  # grad, inference
+        with torch.no_grad():
+            before = autograd_state()
+            step = make_fx(lambda x: next(g), pre_dispatch=True)(x)
+            self.assertEqual(autograd_state(), before)
+            self.assertTrue(step(x).requires_grad)
+        self.assertFalse(next(g).requires_grad)
 
 
 # inference_mode's block sets all of the state, so its bodies carry all of it.

@@ -536,12 +536,28 @@ class TestGradModeOtherContexts(AutogradStateTestCase):
             self.assertFalse(torch.is_grad_enabled())
         self.assertTrue(torch.is_grad_enabled())
         body.close()
-        expected = (
-            [False, False, False]
-            if override in ("__enter__", "opt_out")
-            else [False, True, False]
-        )
+        expected = [False, True, False] if override == "nothing" else [False] * 3
         self.assertEqual(seen, expected)
+
+    def test_subclass_making_a_richer_context_leaves_none_of_it_on(self):
+        # Its clone() sets more than grad mode, which a carry would leave on
+        # for the caller between steps: it carries nothing.
+        class Richer(torch.no_grad):
+            def clone(self):
+                stack = contextlib.ExitStack()
+                stack.enter_context(torch.no_grad())
+                stack.enter_context(set_multithreading_enabled(False))
+                return stack.pop_all()
+
+        @Richer()
+        def gen():
+            yield torch._C._is_multithreading_enabled()
+            yield
+
+        body, before = gen(), autograd_state()
+        self.assertFalse(next(body))
+        self.assertEqual(autograd_state(), before)
+        body.close()
 
 
 @skipIfTorchDynamo(_DYNAMO_SKIP)

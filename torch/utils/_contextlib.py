@@ -12,6 +12,7 @@ import torch
 from torch._C import (
     _is_torch_function_mode_enabled,
     _set_grad_enabled,
+    _swap_grad_enabled,
     is_grad_enabled,
 )
 
@@ -105,11 +106,12 @@ def _step_entered(body, it, method, arg):
             except RuntimeError:  # inference mode, under export's tracer
                 _close(body, it)
                 raise
-            responses = [method(arg)]
-            if body.capture() != entered:
-                _close(body, it)
-                raise RuntimeError(_UNTRACEABLE)
-            return responses
+            else:
+                responses = [method(arg)]
+                if body.capture() != entered:
+                    _close(body, it)
+                    raise RuntimeError(_UNTRACEABLE)
+                return responses
         return []  # the context suppressed what ended the body
     finally:
         # What was thrown in holds this frame in its traceback: a cycle.
@@ -133,8 +135,14 @@ def _driver(start):
                     body.ctx, body.state = ctx, body.swap(caller)
                 # Traced, the context is entered at each step instead.
                 swap = body.swap if body.ctx is not None else None
-                if swap and _is_torch_function_mode_enabled() and _traced():
-                    # Export records contexts, not swaps (test_started_eagerly_then_traced).
+                # Export's tracer records grad mode's swaps, and no other state's:
+                # the body is stepped as a fresh one, if it is one.
+                if (
+                    swap
+                    and swap is not _swap_grad_enabled
+                    and _is_torch_function_mode_enabled()
+                    and _traced()
+                ):
                     _check_fresh(body, it)
                     swap = None
                 if swap:
@@ -282,10 +290,10 @@ def _get_autograd_mode_state():
     return torch._C._get_autograd_mode_state()
 
 
-def _declared(ctx, name, methods=("__enter__", "__exit__")):
-    """*ctx*'s *name*, if the first class in its MRO to define *name* or one of *methods* defines it."""
+def _declared(ctx, name):
+    """*ctx*'s *name*, if the first class in its MRO to define *name* or a way to make or enter contexts defines it."""
     for klass in type(ctx).__mro__:
-        if vars(klass).keys() & {name, *methods}:
+        if vars(klass).keys() & {name, "__init__", "clone", "__enter__", "__exit__"}:
             return getattr(ctx, name) if name in vars(klass) else None
 
 
@@ -341,10 +349,9 @@ class _DecoratorContextManager:
         else:
             func = orig_func
 
-        # What its block sets, and its plain calls' fast path unless it makes its contexts otherwise.
+        # What its block sets, and its plain calls' fast path, unless it makes its contexts otherwise.
         carried = _declared(self, "_carried_state")
-        made = ("__init__", "clone", "__enter__", "__exit__")
-        wrap_call = _declared(self, "_wrap_call", made)
+        wrap_call = _declared(self, "_wrap_call")
         return cast(
             F, context_decorator(self.clone, func, carried=carried, wrap_call=wrap_call)
         )

@@ -43,8 +43,14 @@ def _driver(start):
                     body.ctx, body.state = ctx, body.swap(caller)
                 # Traced, the context is entered at each step instead.
                 swap = body.swap if body.ctx is not None else None
-                if swap and _is_torch_function_mode_enabled() and _traced():
-                    # Export records contexts, not swaps (test_started_eagerly_then_traced).
+                # Export's tracer records grad mode's swaps, and no other state's:
+                # the body is stepped as a fresh one, if it is one.
+                if (
+                    swap
+                    and swap is not _swap_grad_enabled
+                    and _is_torch_function_mode_enabled()
+                    and _traced()
+                ):
                     _check_fresh(body, it)
                     swap = None
                 if swap:
