@@ -286,6 +286,45 @@ def wire_convert_frame(text, path, context):
     return text
 
 
+def wire_ctx_manager(text, path, context):
+    """Have a context manager that decorates a generator, coroutine or async generator function graph-break.
+
+    Dynamo models the decorated function as a call inside the context, which
+    for such a function enters it only while the call makes the generator: the
+    body's steps ran outside it.  The check goes in
+    ``ContextWrappingVariable.call_function`` before its first ``return``.
+    """
+    _already(text, path, "is_suspendable")
+    anchor = "        if isinstance(args[0], NestedUserFunctionVariable):\n"
+    check = (
+        "        if not isinstance(args[0], SkipFunctionVariable) and is_suspendable(\n"
+        "            args[0].get_code()\n"
+        "        ):\n"
+        "            unimplemented(\n"
+        '                gb_type="Context manager decorating a generator or coroutine function",\n'
+        "                context=str(args[0]),\n"
+        "                explanation=(\n"
+        '                    "The context applies at each step of the body, which Dynamo "\n'
+        '                    "cannot model: it would enter it only around the call that "\n'
+        '                    "makes the generator or coroutine."\n'
+        "                ),\n"
+        "                hints=[\n"
+        '                    "Decorate the function outside the compiled region.",\n'
+        "                ],\n"
+        "            )\n"
+    )
+    swaps = (
+        ("from ..bytecode_transformation import create_call_function\n",
+         "from ..bytecode_transformation import create_call_function, is_suspendable\n"),
+        (anchor, check + anchor),
+    )
+    for old, new in swaps:
+        if text.count(old) != 1:
+            raise ExportError(f"{path}: expected one {old.strip()!r} to edit, found {text.count(old)}")
+        text = text.replace(old, new)
+    return text
+
+
 EDITS = {
     "torch/_dynamo/convert_frame.py": wire_convert_frame,
     "test/test_autograd.py": wire_test_imports,
@@ -294,4 +333,6 @@ EDITS = {
     "torch/_C/__init__.pyi.in": wire_stubs,
     "torch/_dynamo/trace_rules.py": wire_trace_rules,
     "docs/source/notes/autograd.md": wire_notes_section,
+    "torch/_dynamo/variables/ctx_manager.py": wire_ctx_manager,
 }
+

@@ -609,6 +609,27 @@ class TestAutocastSuspendTraced(TestCase):
         self.assertEqual(eager[0][1], torch.bfloat16)
         self.assertEqual(outputs(trace(model, x, tracer)), eager)
 
+    @parametrize("tracer", TRACERS)
+    def test_decorated_inside_traced_code(self, tracer):
+        # Dynamo breaks the graph where a context decorates a generator
+        # function (it would enter it only around the call making the
+        # generator): decorated eagerly, its steps are traced as above.
+        def run(x):
+            @torch.autocast("cpu", dtype=torch.bfloat16)
+            def gen(x):
+                yield x @ x
+
+            return list(gen(x))
+
+        x = torch.eye(2, requires_grad=True)
+        eager = outputs(run(x))
+        self.assertEqual(eager[0][1], torch.bfloat16)
+        if tracer in ("compile_fullgraph", "export_strict"):
+            with self.assertRaisesRegex(Exception, "decorating a generator"):
+                trace(run, x, tracer)
+        else:
+            self.assertEqual(outputs(trace(run, x, tracer)), eager)
+
 
 instantiate_parametrized_tests(TestAutocastSuspendTraced)
 

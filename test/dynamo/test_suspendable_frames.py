@@ -1,7 +1,8 @@
 # Owner(s): ["module: dynamo"]
 """Dynamo does not convert frames that can suspend (generators, coroutines,
 async generators): they run as plain Python, whether torch.compile is applied
-to their function or they are made or resumed in a compiled function."""
+to their function or they are resumed in a compiled function; nor does it
+model a context manager decorating such a function."""
 
 import asyncio
 import types
@@ -77,6 +78,25 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
         agen = torch.compile(multiples_after_suspending, backend="eager")(x)
         self.assertEqual(run(agen.asend(None)), x)
         self.assertEqual(run(agen.asend(None)), x * 2)
+
+    def test_context_decorating_a_generator_function_in_compiled_code(self):
+        # Its context applies at each step of the body, where Dynamo would
+        # enter it only around the call that makes the generator: it breaks.
+        def fn(x):
+            @torch.no_grad()
+            def scaled(x):
+                yield x * 2
+
+            return next(scaled(x))
+
+        x = torch.ones(2, requires_grad=True)
+        self.assertFalse(fn(x).requires_grad)
+        with self.assertRaisesRegex(
+            torch._dynamo.exc.Unsupported, "decorating a generator or coroutine"
+        ):
+            torch.compile(fn, backend="eager", fullgraph=True)(x)
+        torch._dynamo.reset()
+        self.assertFalse(torch.compile(fn, backend="eager")(x).requires_grad)
 
 
 if __name__ == "__main__":
