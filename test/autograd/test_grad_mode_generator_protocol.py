@@ -208,6 +208,25 @@ class TestGradModeGeneratorProtocol(TestCase):
         self.assertEqual(frames[-1], gen.__code__)
         self.assertEqual(frames.count(gen.__code__), 1)
 
+    def test_thrown_in_under_fullgraph_compile(self):
+        # Dynamo models no traceback objects: the trim is skipped there.
+        @torch.no_grad()
+        def gen(x):
+            try:
+                yield x * 2
+            except Boom:
+                yield x * 5
+
+        def run(x):
+            body = gen(x)
+            next(body)
+            return body.throw(Boom())
+
+        x = torch.ones(2, requires_grad=True)
+        compiled = torch.compile(run, backend="eager", fullgraph=True)(x)
+        self.assertEqual(compiled, run(x))
+        self.assertFalse(compiled.requires_grad)
+
     @parametrize("kind", ["staticmethod", "classmethod"])
     def test_method_objects_keep_their_kind(self, kind):
         def gen(*args):
