@@ -21,7 +21,7 @@ DEVICES = ("cpu", "cuda", "mtia", "maia", "xpu", "ipu", "hpu", "xla", "mps")
 DEVICES += (torch._C._get_privateuse1_backend_name(),)
 
 
-# Where a decorated generator may be stepped under tracing (issue 26).
+# Where a decorated generator may be stepped under tracing.
 TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
 
 
@@ -592,8 +592,8 @@ class TestAutocastSuspendTraced(TestCase):
 
     @parametrize("tracer", TRACERS)
     def test_module_iterating_a_generator_method(self, tracer):
-        # The case of issue 26: the carried autocast decides the dtype, and the
-        # generator ends inside the traced code.
+        # The carried autocast decides the dtype, and the generator ends inside
+        # the traced code (stock compiled this in float32, never in autocast).
         class Model(torch.nn.Module):
             @bf16
             def steps(self, x):

@@ -16,6 +16,10 @@ previous mode: the grad-mode decorators' swap.
 
 import contextlib
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import weakref
 
@@ -39,7 +43,7 @@ from torch.testing._internal.common_utils import (
 from torch.utils.checkpoint import GraphExecGroup
 
 
-# Where a decorated generator may be stepped under tracing (issue 26).
+# Where a decorated generator may be stepped under tracing.
 TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
 
 
@@ -556,6 +560,31 @@ class TestGradModeSuspendInferenceModeTraced(TestCase):
                 trace(run, x, tracer)
         else:  # run eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
+
+    def test_body_finalised_at_exit_under_a_mode(self):
+        # Finalised at interpreter exit, under a torch function mode (the
+        # default device's), a step's check imports nothing: imports fail then.
+        script = textwrap.dedent(
+            """
+            import torch
+
+            torch.set_default_device("cpu")
+
+            @torch.inference_mode()
+            def gen():
+                yield
+                yield
+
+            body = gen()
+            next(body)
+            """
+        )
+        here = os.path.dirname(os.path.abspath(__file__))
+        result = subprocess.run(
+            [sys.executable, "-c", script], cwd=here, capture_output=True, text=True
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("Exception ignored", result.stderr)
 
     @parametrize("own_block", [False, True])
     def test_started_eagerly_then_exported(self, own_block):

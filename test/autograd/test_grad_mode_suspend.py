@@ -36,7 +36,7 @@ from torch.utils._contextlib import _DecoratorContextManager, context_decorator
 from torch.utils.checkpoint import GraphExecGroup
 
 
-# Where a decorated generator may be stepped under tracing (issue 26).
+# Where a decorated generator may be stepped under tracing.
 TRACERS = ("compile", "compile_fullgraph", "export_strict", "export", "make_fx")
 
 

@@ -35,7 +35,7 @@ def _capture(autocast_instance, capture, device):
     """*capture* of *autocast_instance*'s device type, as a body enters its copy of it."""
     if torch.compiler.is_dynamo_compiling():
         # Dynamo cannot trace the binding, nor read the instance's device: it
-        # only checks that each step leaves *device*'s state as found (issue 26).
+        # only checks that each step leaves *device*'s state as found.
         nesting = torch.autocast_increment_nesting() - 1
         torch.autocast_decrement_nesting()
         return (

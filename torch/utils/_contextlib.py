@@ -56,12 +56,13 @@ def _traced():
     # thread compiles (test_eager_generator_while_another_thread_compiles).
     if torch.compiler.is_dynamo_compiling():
         return True
-    if not torch._C._is_torch_function_mode_enabled():
+    # Not imported: there is no such tracer before its module is, nor an import
+    # at interpreter exit, where a body under a mode may be finalised.
+    proxy_tensor = sys.modules.get("torch.fx.experimental.proxy_tensor")
+    if proxy_tensor is None or not _is_torch_function_mode_enabled():
         return False
-    from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
-
     modes = torch.overrides._get_current_function_mode_stack()
-    return any(isinstance(mode, PreDispatchTorchFunctionMode) for mode in modes)
+    return any(isinstance(m, proxy_tensor.PreDispatchTorchFunctionMode) for m in modes)
 
 
 _UNTRACEABLE = (
