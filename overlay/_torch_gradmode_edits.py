@@ -335,4 +335,3 @@ EDITS = {
     "docs/source/notes/autograd.md": wire_notes_section,
     "torch/_dynamo/variables/ctx_manager.py": wire_ctx_manager,
 }
-
