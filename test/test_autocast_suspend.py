@@ -609,6 +609,27 @@ class TestAutocastSuspendTraced(TestCase):
         self.assertEqual(eager[0][1], torch.bfloat16)
         self.assertEqual(outputs(trace(model, x, tracer)), eager)
 
+    @parametrize("tracer", ["compile", "compile_fullgraph", "export", "make_fx"])
+    def test_no_cast_crosses_a_traced_step(self, tracer):
+        # As the swaps of an eager step clear the cast cache, so does a traced
+        # step: the body's bfloat16 cast of a weight does not reach the
+        # caller's float16 block (strict export keeps no clear: not here).
+        @bf16
+        def gen(w):
+            yield w @ w
+
+        def run(w):
+            with torch.autocast("cpu", dtype=torch.float16):
+                first = next(gen(w))
+                return first, w @ w
+
+        w = torch.eye(2, requires_grad=True)
+        eager = outputs(run(w))
+        self.assertEqual(
+            [dtype for _, dtype, *_ in eager], [torch.bfloat16, torch.float16]
+        )
+        self.assertEqual(outputs(trace(run, w, tracer)), eager)
+
     @parametrize("tracer", TRACERS)
     def test_decorated_inside_traced_code(self, tracer):
         # Dynamo breaks the graph where a context decorates a generator

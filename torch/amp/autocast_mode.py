@@ -38,6 +38,8 @@ def _capture(autocast_instance, capture, device):
         # only checks that each step leaves *device*'s state as found.
         nesting = torch.autocast_increment_nesting() - 1
         torch.autocast_decrement_nesting()
+        # Where a swap would: at the step's start and end (test_no_cast_crosses_a_traced_step).
+        torch.clear_autocast_cache()
         return (
             torch.is_autocast_enabled(device),
             torch.get_autocast_dtype(device),
