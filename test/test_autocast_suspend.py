@@ -609,6 +609,22 @@ class TestAutocastSuspendTraced(TestCase):
         self.assertEqual(eager[0][1], torch.bfloat16)
         self.assertEqual(outputs(trace(model, x, tracer)), eager)
 
+    def test_started_eagerly_then_closed_in_traced_code(self):
+        # Its context was entered outside the trace: it is left unseen by the
+        # tracer too, which has no entry of it to pop.
+        @bf16
+        def gen(x):
+            yield x @ x
+            yield x @ x
+
+        x = torch.eye(2)
+        body = gen(x)
+        next(body)
+        before = thread_state()
+        make_fx(lambda x: (body.close(), x + 1)[1], pre_dispatch=True)(x)
+        self.assertEqual(thread_state(), before)
+        self.assertIsNone(body.gi_frame)
+
     @parametrize("tracer", ["compile", "compile_fullgraph", "export", "make_fx"])
     def test_no_cast_crosses_a_traced_step(self, tracer):
         # As the swaps of an eager step clear the cast cache, so does a traced

@@ -664,6 +664,29 @@ class TestGradModeSuspendTraced(TestCase):
         else:  # the default compile runs the body's own mode's steps eagerly
             self.assertEqual(outputs(trace(run, x, tracer)), outputs(run(x)))
 
+    @parametrize("fullgraph", [False, True])
+    def test_refusal_is_no_error_traced_code_can_catch(self, fullgraph):
+        # Dynamo breaks the graph instead: caught, the error would have made
+        # the compiled code take its handler, where eager code never raises.
+        @torch.no_grad()
+        def gen(x):
+            with torch.enable_grad():
+                yield x * 2
+            yield x * 3
+
+        def run(x):
+            try:
+                return [y + 0 for y in gen(x)]
+            except Exception:
+                return [x + 0]
+
+        x = torch.ones(2, requires_grad=True)
+        if fullgraph:
+            with self.assertRaisesRegex(Exception, "of its own"):
+                trace(run, x, "compile_fullgraph")
+        else:
+            self.assertEqual(outputs(trace(run, x, "compile")), outputs(run(x)))
+
     def test_generator_first_stepped_in_traced_code_carries_afterwards(self):
         @torch.no_grad()
         def gen(x):

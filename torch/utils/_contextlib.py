@@ -32,16 +32,18 @@ class _Body:
         if self.ctx is None or (self.agen and type(exc) is StopIteration):
             return  # never entered, or an async generator's step that yielded
         ctx, self.ctx = self.ctx, None
-        # Whole: inference_mode's guard restores more than the body carries.
-        caller = self.capture()
-        self.swap(self.state)
-        try:
-            if isinstance(exc, (StopIteration, StopAsyncIteration)):
-                ctx.__exit__(None, None, None)
-            else:
-                return ctx.__exit__(type(exc), exc, exc.__traceback__)
-        finally:
-            self.swap(caller)
+        # Entered outside any trace, it is left unseen by export's tracer too.
+        with torch._C.DisableTorchFunction():
+            # Whole: inference_mode's guard restores more than the body carries.
+            caller = self.capture()
+            self.swap(self.state)
+            try:
+                if isinstance(exc, (StopIteration, StopAsyncIteration)):
+                    ctx.__exit__(None, None, None)
+                else:
+                    return ctx.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                self.swap(caller)
 
     def finalize(self, agen):
         """Close *agen* again, in its state, if it ignored its wrapper's close (as generators are)."""
@@ -110,6 +112,9 @@ def _step_entered(body, it, method, arg):
             else:
                 responses = [method(arg)]
                 if body.capture() != entered:
+                    if torch.compiler.is_dynamo_compiling():
+                        # Not an error traced code could catch: the frame runs eagerly.
+                        torch._dynamo.graph_break(msg=_UNTRACEABLE)
                     _close(body, it)
                     raise RuntimeError(_UNTRACEABLE)
                 return responses

@@ -40,6 +40,9 @@ def _step_entered(body, it, method, arg):
             entered = body.capture()
             responses = [method(arg)]
             if body.capture() != entered:
+                if torch.compiler.is_dynamo_compiling():
+                    # Not an error traced code could catch: the frame runs eagerly.
+                    torch._dynamo.graph_break(msg=_UNTRACEABLE)
                 it.close()  # in the state its blocks restore
                 raise RuntimeError(_UNTRACEABLE)
             return responses

@@ -6,16 +6,18 @@ class _Body:
         if self.ctx is None:
             return  # never entered
         ctx, self.ctx = self.ctx, None
-        # Whole: inference_mode's guard restores more than the body carries.
-        caller = self.capture()
-        self.swap(self.state)
-        try:
-            if isinstance(exc, StopIteration):
-                ctx.__exit__(None, None, None)
-            else:
-                return ctx.__exit__(type(exc), exc, exc.__traceback__)
-        finally:
-            self.swap(caller)
+        # Entered outside any trace, it is left unseen by export's tracer too.
+        with torch._C.DisableTorchFunction():
+            # Whole: inference_mode's guard restores more than the body carries.
+            caller = self.capture()
+            self.swap(self.state)
+            try:
+                if isinstance(exc, StopIteration):
+                    ctx.__exit__(None, None, None)
+                else:
+                    return ctx.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                self.swap(caller)
 
 
 _UNTRACEABLE = (
