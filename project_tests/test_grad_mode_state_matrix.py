@@ -484,13 +484,14 @@ class TestGradModeKeyGuards(TestCase):
 @skipIfTorchDynamo(_DYNAMO_SKIP)
 class TestGradModeOtherContexts(TestCase):
     """A subclass of a grad mode carries its parent's state unless it overrides
-    __enter__ or __exit__ without declaring its own _carried_state: one that
-    keeps them (overriding only __init__ or clone, or nothing) is a grad mode,
+    clone, __enter__ or __exit__ without declaring its own _carried_state: one
+    that keeps them (overriding only __init__, or nothing) is a grad mode,
     whose body keeps its own block across its suspensions.  One that
-    overrides __enter__ or __exit__ carries nothing and decorates as on stock
-    torch: it is entered around each step of a generator, whose block it
-    overrides from the second step on, and around only the call that makes a
-    coroutine or async generator, whose block runs as undecorated."""
+    overrides clone, __enter__ or __exit__ (which may set more) carries nothing
+    and decorates as on stock torch: it is entered around each step of a
+    generator, whose block it overrides from the second step on, and around
+    only the call that makes a coroutine or async generator, whose block runs
+    as undecorated."""
 
     @parametrize(
         "subclass",
@@ -558,7 +559,7 @@ class TestGradModeOtherContexts(TestCase):
 
         carried = ([True] * (STEPS + 1), [False] * STEPS)
         entered_each_step = ([True] + [False] * STEPS, [False] * STEPS)
-        if subclass not in ("overriding_enter", "overriding_exit"):
+        if subclass not in ("overriding_clone", "overriding_enter", "overriding_exit"):
             expected = carried
         elif kind == "generator":
             expected = entered_each_step

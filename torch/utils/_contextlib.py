@@ -297,10 +297,10 @@ def _get_autograd_mode_state():
     return torch._C._get_autograd_mode_state()
 
 
-def _declared(ctx, name):
-    """*ctx*'s *name*, if the first class in its MRO to define *name* or a way to make or enter contexts defines it."""
+def _declared(ctx, name, methods=("clone", "__enter__", "__exit__")):
+    """*ctx*'s *name*, if the first class in its MRO to define *name* or one of *methods* defines it."""
     for klass in type(ctx).__mro__:
-        if vars(klass).keys() & {name, "__init__", "clone", "__enter__", "__exit__"}:
+        if vars(klass).keys() & {name, *methods}:
             return getattr(ctx, name) if name in vars(klass) else None
 
 
@@ -358,7 +358,7 @@ class _DecoratorContextManager:
 
         # What its block sets, and its plain calls' fast path, unless it makes its contexts otherwise.
         carried = _declared(self, "_carried_state")
-        wrap_call = _declared(self, "_wrap_call")
+        wrap_call = _declared(self, "_wrap_call", ("__init__", "clone", "__enter__", "__exit__"))
         return cast(
             F, context_decorator(self.clone, func, carried=carried, wrap_call=wrap_call)
         )
