@@ -358,7 +358,8 @@ class _DecoratorContextManager:
 
         # What its block sets, and its plain calls' fast path, unless it makes its contexts otherwise.
         carried = _declared(self, "_carried_state")
-        wrap_call = _declared(self, "_wrap_call", ("__init__", "clone", "__enter__", "__exit__"))
+        made = ("__init__", "clone", "__enter__", "__exit__")
+        wrap_call = _declared(self, "_wrap_call", made)
         return cast(
             F, context_decorator(self.clone, func, carried=carried, wrap_call=wrap_call)
         )
