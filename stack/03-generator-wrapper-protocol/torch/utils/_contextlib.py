@@ -25,7 +25,7 @@ def _driver(start):
                 except BaseException as exc:
                     # Thrown next pass (so no __context__), without this frame's entry.
                     if not torch.compiler.is_dynamo_compiling():  # which has no tb_next
-                        exc = exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
+                        exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
                     method, arg = it.throw, exc
                 else:
                     method = it.send

@@ -93,7 +93,7 @@ def _driver(start):
                         raise
                     # Thrown next pass (so no __context__), without this frame's entry.
                     if not torch.compiler.is_dynamo_compiling():  # which has no tb_next
-                        exc = exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
+                        exc.with_traceback(exc.__traceback__.tb_next)  # type: ignore[union-attr]
                     method, arg = it.throw, exc
                 else:
                     method = send
