@@ -68,10 +68,10 @@ def _traced():
 
 
 _UNTRACEABLE = (
-    "a decorated generator suspended in a grad mode, inference mode or autocast state "
-    "of its own (a block open across the yield, or a mode it set), which torch.compile "
-    "and torch.export cannot carry to its next step: step it outside the compiled or "
-    "exported code"
+    "a decorated generator's step left a grad mode, inference mode or autocast "
+    "state of its own (a block open across a yield, or a mode it set), which "
+    "torch.compile and torch.export cannot carry between steps: step it outside "
+    "the compiled or exported code"
 )
 
 
@@ -81,6 +81,15 @@ def _close(body, it):
     with torch._C.DisableTorchFunction():
         it.close()
         body.exit(GeneratorExit())
+
+
+def _refuse(body, it):
+    """Refuse *body*'s step, which traced code cannot carry: closed, unless Dynamo runs it again eagerly."""
+    if torch.compiler.is_dynamo_compiling():
+        # Not an error traced code could catch: the frame runs eagerly.
+        torch._dynamo.graph_break(msg=_UNTRACEABLE)
+    _close(body, it)
+    raise RuntimeError(_UNTRACEABLE)
 
 
 def _check_fresh(body, it):
@@ -112,11 +121,7 @@ def _step_entered(body, it, method, arg):
             else:
                 responses = [method(arg)]
                 if body.capture() != entered:
-                    if torch.compiler.is_dynamo_compiling():
-                        # Not an error traced code could catch: the frame runs eagerly.
-                        torch._dynamo.graph_break(msg=_UNTRACEABLE)
-                    _close(body, it)
-                    raise RuntimeError(_UNTRACEABLE)
+                    _refuse(body, it)
                 return responses
         return []  # the context suppressed what ended the body
     finally:

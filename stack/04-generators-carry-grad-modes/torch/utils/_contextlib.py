@@ -25,10 +25,19 @@ class _Body:
 
 
 _UNTRACEABLE = (
-    "a decorated generator suspended in a grad mode of its own, which torch.compile "
-    "and torch.export cannot carry to its next step: close the block before the "
-    "yield, or step the generator outside the compiled or exported code"
+    "a decorated generator's step left a grad mode of its own (a block open "
+    "across a yield, or a mode it set), which torch.compile and torch.export "
+    "cannot carry between steps: step it outside the compiled or exported code"
 )
+
+
+def _refuse(body, it):
+    """Refuse *body*'s step, which traced code cannot carry: closed, unless Dynamo runs it again eagerly."""
+    if torch.compiler.is_dynamo_compiling():
+        # Not an error traced code could catch: the frame runs eagerly.
+        torch._dynamo.graph_break(msg=_UNTRACEABLE)
+    it.close()  # in the state its blocks restore
+    raise RuntimeError(_UNTRACEABLE)
 
 
 def _step_entered(body, it, method, arg):
@@ -40,11 +49,7 @@ def _step_entered(body, it, method, arg):
             entered = body.capture()
             responses = [method(arg)]
             if body.capture() != entered:
-                if torch.compiler.is_dynamo_compiling():
-                    # Not an error traced code could catch: the frame runs eagerly.
-                    torch._dynamo.graph_break(msg=_UNTRACEABLE)
-                it.close()  # in the state its blocks restore
-                raise RuntimeError(_UNTRACEABLE)
+                _refuse(body, it)
             return responses
         return []  # the context suppressed what ended the body
     finally:

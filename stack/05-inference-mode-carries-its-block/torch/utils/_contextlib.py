@@ -21,10 +21,10 @@ class _Body:
 
 
 _UNTRACEABLE = (
-    "a decorated generator suspended in a grad mode or inference mode state of its "
-    "own (a block open across the yield, or a mode it set), which torch.compile and "
-    "torch.export cannot carry to its next step: step it outside the compiled or "
-    "exported code"
+    "a decorated generator's step left a grad mode or inference mode state of "
+    "its own (a block open across a yield, or a mode it set), which "
+    "torch.compile and torch.export cannot carry between steps: step it outside "
+    "the compiled or exported code"
 )
 
 
