@@ -10,6 +10,7 @@ them, for the install and for the export alike.
 """
 
 import ast
+import json
 import os
 import re
 
@@ -286,6 +287,21 @@ def wire_convert_frame(text, path, context):
     return text
 
 
+# The graph break wire_ctx_manager adds, as wire_graph_break_registry records it
+# (the explanation in the lines the check's source splits it into).
+GRAPH_BREAK_LINES = (
+    "The context applies at each step of the body, which Dynamo ",
+    "cannot model: it would enter it only around the call that ",
+    "makes the generator or coroutine.",
+)
+GRAPH_BREAK = {
+    "Gb_type": "Context manager decorating a generator or coroutine function",
+    "Context": "str(args[0])",
+    "Explanation": "".join(GRAPH_BREAK_LINES),
+    "Hints": ["Decorate the function outside the compiled region."],
+}
+
+
 def wire_ctx_manager(text, path, context):
     """Have a context manager that decorates a generator, coroutine or async generator function graph-break.
 
@@ -296,20 +312,19 @@ def wire_ctx_manager(text, path, context):
     """
     _already(text, path, "is_suspendable")
     anchor = "        if isinstance(args[0], NestedUserFunctionVariable):\n"
+    explanation = "".join(f'                    "{line}"\n' for line in GRAPH_BREAK_LINES)
     check = (
         "        if not isinstance(args[0], SkipFunctionVariable) and is_suspendable(\n"
         "            args[0].get_code()\n"
         "        ):\n"
         "            unimplemented(\n"
-        '                gb_type="Context manager decorating a generator or coroutine function",\n'
-        "                context=str(args[0]),\n"
+        f'                gb_type="{GRAPH_BREAK["Gb_type"]}",\n'
+        f"                context={GRAPH_BREAK['Context']},\n"
         "                explanation=(\n"
-        '                    "The context applies at each step of the body, which Dynamo "\n'
-        '                    "cannot model: it would enter it only around the call that "\n'
-        '                    "makes the generator or coroutine."\n'
+        f"{explanation}"
         "                ),\n"
         "                hints=[\n"
-        '                    "Decorate the function outside the compiled region.",\n'
+        f'                    "{GRAPH_BREAK["Hints"][0]}",\n'
         "                ],\n"
         "            )\n"
     )
@@ -325,6 +340,18 @@ def wire_ctx_manager(text, path, context):
     return text
 
 
+def wire_graph_break_registry(text, path, context):
+    """Record wire_ctx_manager's graph break in Dynamo's registry, under the next free id."""
+    registry = json.loads(text)
+    if any(GRAPH_BREAK["Gb_type"] == entry["Gb_type"] for entries in registry.values() for entry in entries):
+        raise ExportError(f"{path} already records {GRAPH_BREAK['Gb_type']!r}: DIR carries (part of) this patch already")
+    ids = [int(key[2:]) for key in registry if key.startswith("GB") and key[2:].isdigit()]
+    if not ids or not text.endswith("\n  ]\n}\n"):
+        raise ExportError(f"{path}: expected GBnnnn entries, the file ending in '  ]' and '}}'")
+    entry = json.dumps({f"GB{max(ids) + 1:04d}": [GRAPH_BREAK]}, indent=2)
+    return text[: -len("\n}\n")] + ",\n" + entry[len("{\n"):] + "\n"
+
+
 EDITS = {
     "torch/_dynamo/convert_frame.py": wire_convert_frame,
     "test/test_autograd.py": wire_test_imports,
@@ -334,4 +361,5 @@ EDITS = {
     "torch/_dynamo/trace_rules.py": wire_trace_rules,
     "docs/source/notes/autograd.md": wire_notes_section,
     "torch/_dynamo/variables/ctx_manager.py": wire_ctx_manager,
+    "torch/_dynamo/graph_break_registry.json": wire_graph_break_registry,
 }

@@ -148,7 +148,7 @@ def _key(torch_dir, steps):
 
 
 def _in_wheel(path):
-    return path.startswith("torch/") and path.endswith(".py")
+    return path.startswith("torch/") and path.endswith((".py", ".json"))
 
 
 def build_tree(torch_dir, steps):

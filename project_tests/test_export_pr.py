@@ -268,8 +268,9 @@ class TestSquash(ExportTestCase):
                 self.assertEqual(removed, "0", path)
                 self.assertLessEqual(int(added), 8 * len(edits.BINDINGS), path)  # a few lines a binding
             elif path not in SPLICED:  # an anchored change of upstream's code: a few lines
-                # (Dynamo's graph break: its registered message's fields take the lines)
-                limit = 16 if path == "torch/_dynamo/variables/ctx_manager.py" else 8
+                # (Dynamo's graph break: its message's fields take the lines, in the call
+                # and in its registry entry)
+                limit = 16 if path.startswith("torch/_dynamo/") else 8
                 self.assertLessEqual(int(removed), 8, path)
                 self.assertLessEqual(int(added), limit, path)
 

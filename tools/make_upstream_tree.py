@@ -9,7 +9,8 @@ DIR becomes a git repository holding, at their upstream paths:
 
 * from the installed torch 2.13.0 wheel (found with the overlay off): every
   file of the wheel the patch touches -- the modules it changes, Dynamo's trace rules, ``convert_frame.py``,
-  ``bytecode_transformation.py`` and ``variables/ctx_manager.py``,
+  ``bytecode_transformation.py``, ``variables/ctx_manager.py`` and
+  ``graph_break_registry.json``,
   ``torch/version.py`` -- and ``torch/_C/__init__.pyi`` as
   ``torch/_C/__init__.pyi.in`` (the wheel's stub is generated from that file,
   whose text it carries verbatim around the lines the patch edits);
@@ -37,6 +38,7 @@ WHEEL_FILES = {
     "torch/_dynamo/convert_frame.py": "_dynamo/convert_frame.py",
     "torch/_dynamo/bytecode_transformation.py": "_dynamo/bytecode_transformation.py",
     "torch/_dynamo/variables/ctx_manager.py": "_dynamo/variables/ctx_manager.py",
+    "torch/_dynamo/graph_break_registry.json": "_dynamo/graph_break_registry.json",
     "torch/amp/autocast_mode.py": "amp/autocast_mode.py",
     "torch/cpu/amp/autocast_mode.py": "cpu/amp/autocast_mode.py",
     "torch/cuda/amp/autocast_mode.py": "cuda/amp/autocast_mode.py",

@@ -5,6 +5,8 @@ to their function or they are resumed in a compiled function; nor does it
 model a context manager decorating such a function."""
 
 import asyncio
+import json
+import os
 import types
 
 import torch
@@ -93,8 +95,17 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
         self.assertFalse(fn(x).requires_grad)
         with self.assertRaisesRegex(
             torch._dynamo.exc.Unsupported, "decorating a generator or coroutine"
-        ):
+        ) as caught:
             torch.compile(fn, backend="eager", fullgraph=True)(x)
+        # Registered, as Dynamo's graph-break lint requires.
+        registry = os.path.join(
+            os.path.dirname(torch._dynamo.__file__), "graph_break_registry.json"
+        )
+        with open(registry) as f:
+            entries = {e["Gb_type"]: e for v in json.load(f).values() for e in v}
+        entry = entries.get(caught.exception.gb_type)
+        self.assertIsNotNone(entry, "not in graph_break_registry.json")
+        self.assertIn(entry["Explanation"], str(caught.exception))
         torch._dynamo.reset()
         self.assertFalse(torch.compile(fn, backend="eager")(x).requires_grad)
 
