@@ -290,9 +290,9 @@ def wire_convert_frame(text, path, context):
 # The graph break wire_ctx_manager adds, as wire_graph_break_registry records it
 # (the explanation in the lines the check's source splits it into).
 GRAPH_BREAK_LINES = (
-    "The context applies at each step of the body, which Dynamo ",
-    "cannot model: it would enter it only around the call that ",
-    "makes the generator or coroutine.",
+    "Dynamo cannot model how a context manager decorating a generator or ",
+    "coroutine function applies to its body, which runs after the call ",
+    "that makes the generator or coroutine returns.",
 )
 GRAPH_BREAK = {
     "Gb_type": "Context manager decorating a generator or coroutine function",
@@ -308,7 +308,9 @@ def wire_ctx_manager(text, path, context):
     Dynamo models the decorated function as a call inside the context, which
     for such a function enters it only while the call makes the generator: the
     body's steps ran outside it.  The check goes in
-    ``ContextWrappingVariable.call_function`` before its first ``return``.
+    ``ContextWrappingVariable.call_function`` before its first ``return``;
+    ``GradModeVariable.reconstruct``, which the break calls, makes the object
+    in the initial grad mode.
     """
     _already(text, path, "is_suspendable")
     anchor = "        if isinstance(args[0], NestedUserFunctionVariable):\n"
@@ -328,10 +330,29 @@ def wire_ctx_manager(text, path, context):
         "                ],\n"
         "            )\n"
     )
+    # The break falls between torch.set_grad_enabled(mode), which sets the mode as
+    # it is made and saves the one it found, and its use: GradModeVariable rebuilds
+    # the object there, which must save the caller's mode, not the one it set.
+    undo = "        self._call_func(tx, self.initial_values)  # undo eager initialization\n"
+    call_end = undo + "        return super().call_function(tx, args, kwargs)\n"
+    rebuild = (
+        "\n"
+        '    def reconstruct(self, codegen: "PyCodegen") -> None:\n'
+        "        # Made in the initial mode: set_grad_enabled(mode) saves the mode it\n"
+        "        # finds, for __call__ and __exit__ to restore.\n"
+        "        codegen.add_push_null(\n"
+        '            lambda: codegen.load_import_from("torch._C", "_set_grad_enabled")\n'
+        "        )\n"
+        "        codegen.append_output(codegen.create_load_const(self.initial_values[0]))\n"
+        "        codegen.call_function(1, False)\n"
+        "        codegen.pop_top()\n"
+        "        super().reconstruct(codegen)\n"
+    )
     swaps = (
         ("from ..bytecode_transformation import create_call_function\n",
          "from ..bytecode_transformation import create_call_function, is_suspendable\n"),
         (anchor, check + anchor),
+        (call_end, call_end + rebuild),
     )
     for old, new in swaps:
         if text.count(old) != 1:
@@ -342,9 +363,8 @@ def wire_ctx_manager(text, path, context):
 
 def wire_graph_break_registry(text, path, context):
     """Record wire_ctx_manager's graph break in Dynamo's registry, under the next free id."""
+    _already(text, path, GRAPH_BREAK["Gb_type"])
     registry = json.loads(text)
-    if any(GRAPH_BREAK["Gb_type"] == entry["Gb_type"] for entries in registry.values() for entry in entries):
-        raise ExportError(f"{path} already records {GRAPH_BREAK['Gb_type']!r}: DIR carries (part of) this patch already")
     ids = [int(key[2:]) for key in registry if key.startswith("GB") and key[2:].isdigit()]
     if not ids or not text.endswith("\n  ]\n}\n"):
         raise ExportError(f"{path}: expected GBnnnn entries, the file ending in '  ]' and '}}'")

@@ -11,6 +11,10 @@ import types
 
 import torch
 import torch._dynamo.test_case
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
 
 
 async def double(x):
@@ -41,6 +45,16 @@ def run(awaitable):
             awaitable.send(None)
         except StopIteration as stop:
             return stop.value
+
+
+DECORATORS = {
+    "no_grad": torch.no_grad,
+    "enable_grad": torch.enable_grad,
+    "set_grad_enabled_false": lambda: torch.set_grad_enabled(False),
+    "set_grad_enabled_true": lambda: torch.set_grad_enabled(True),
+    "inference_mode": torch.inference_mode,
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
 
 
 class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
@@ -108,6 +122,40 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
         self.assertIn(entry["Explanation"], str(caught.exception))
         torch._dynamo.reset()
         self.assertFalse(torch.compile(fn, backend="eager")(x).requires_grad)
+
+    @parametrize("caller_grad", [True, False])
+    @parametrize("decorator", list(DECORATORS))
+    def test_caller_state_after_context_decorating_a_generator_function(
+        self, decorator, caller_grad
+    ):
+        # torch.set_grad_enabled(mode) sets the mode as it is made; the graph
+        # break before its use must not leave that mode to the caller.
+        def fn(x):
+            @DECORATORS[decorator]()
+            def scaled(x):
+                yield x * 2
+
+            return next(scaled(x))
+
+        def state():
+            return (
+                torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled(),
+                torch.is_autocast_enabled("cpu"),
+                torch.get_autocast_dtype("cpu"),
+            )
+
+        x = torch.ones(2, requires_grad=True)
+        with torch.set_grad_enabled(caller_grad):
+            before = state()
+            expected = fn(x)
+            got = torch.compile(fn, backend="eager")(x)
+            self.assertEqual(state(), before)
+        self.assertEqual(got.requires_grad, expected.requires_grad)
+        self.assertEqual(got, expected)
+
+
+instantiate_parametrized_tests(SuspendableFrameTests)
 
 
 if __name__ == "__main__":
