@@ -296,29 +296,32 @@ GRAPH_BREAK_LINES = (
 )
 GRAPH_BREAK = {
     "Gb_type": "Context manager decorating a generator or coroutine function",
-    "Context": "str(args[0])",
+    "Context": "str(fn)",
     "Explanation": "".join(GRAPH_BREAK_LINES),
     "Hints": ["Decorate the function outside the compiled region."],
 }
 
 
 def wire_ctx_manager(text, path, context):
-    """Have a context manager that decorates a generator, coroutine or async generator function graph-break.
+    """Give ``ContextWrappingVariable`` a graph break for the call of a generator or coroutine function it decorates.
 
-    Dynamo models the decorated function as a call inside the context, which
-    for such a function enters it only while the call makes the generator: the
-    body's steps ran outside it.  The check goes in
-    ``ContextWrappingVariable.call_function`` before its first ``return``;
-    ``GradModeVariable.reconstruct``, which the break calls, makes the object
-    in the initial grad mode.
+    Dynamo models a call of a function a context decorates inside traced code
+    as the call inside the context, which for such a function enters it only
+    while the call makes the generator: the body's steps ran outside it.  The
+    break is at the call, not the decoration: the wrapped function is rebuilt
+    there as ``ctx(fn)``, which leaves the grad mode as it found it, where an
+    unwrapped ``torch.set_grad_enabled(mode)`` object rebuilt at a break keeps
+    the mode its making set (wire_functions calls it).
     """
     _already(text, path, "is_suspendable")
-    anchor = "        if isinstance(args[0], NestedUserFunctionVariable):\n"
+    anchor = '            raise AssertionError("Unexpected arg type")\n'
     explanation = "".join(f'                    "{line}"\n' for line in GRAPH_BREAK_LINES)
-    check = (
-        "        if not isinstance(args[0], SkipFunctionVariable) and is_suspendable(\n"
-        "            args[0].get_code()\n"
-        "        ):\n"
+    method = (
+        "\n"
+        "    def check_call(\n"
+        '        self, fn: "UserFunctionVariable | NestedUserFunctionVariable"\n'
+        "    ) -> None:\n"
+        "        if is_suspendable(fn.get_code()):\n"
         "            unimplemented(\n"
         f'                gb_type="{GRAPH_BREAK["Gb_type"]}",\n'
         f"                context={GRAPH_BREAK['Context']},\n"
@@ -330,34 +333,37 @@ def wire_ctx_manager(text, path, context):
         "                ],\n"
         "            )\n"
     )
-    # The break falls between torch.set_grad_enabled(mode), which sets the mode as
-    # it is made and saves the one it found, and its use: GradModeVariable rebuilds
-    # the object there, which must save the caller's mode, not the one it set.
-    undo = "        self._call_func(tx, self.initial_values)  # undo eager initialization\n"
-    call_end = undo + "        return super().call_function(tx, args, kwargs)\n"
-    rebuild = (
-        "\n"
-        '    def reconstruct(self, codegen: "PyCodegen") -> None:\n'
-        "        # Made in the initial mode: set_grad_enabled(mode) saves the mode it\n"
-        "        # finds, for __call__ and __exit__ to restore.\n"
-        "        codegen.add_push_null(\n"
-        '            lambda: codegen.load_import_from("torch._C", "_set_grad_enabled")\n'
-        "        )\n"
-        "        codegen.append_output(codegen.create_load_const(self.initial_values[0]))\n"
-        "        codegen.call_function(1, False)\n"
-        "        codegen.pop_top()\n"
-        "        super().reconstruct(codegen)\n"
-    )
     swaps = (
         ("from ..bytecode_transformation import create_call_function\n",
          "from ..bytecode_transformation import create_call_function, is_suspendable\n"),
-        (anchor, check + anchor),
-        (call_end, call_end + rebuild),
+        (anchor, anchor + method),
     )
     for old, new in swaps:
         if text.count(old) != 1:
             raise ExportError(f"{path}: expected one {old.strip()!r} to edit, found {text.count(old)}")
         text = text.replace(old, new)
+    return text
+
+
+def wire_functions(text, path, context):
+    """Have the functions a context decorates in traced code check each call with ``check_call``.
+
+    In the ``call_function`` of ``WrappedUserFunctionVariable``,
+    ``WrappedNestedUserFunctionVariable`` and ``WrappedUserMethodVariable``;
+    a skipped function's own wrapper runs eagerly.
+    """
+    _already(text, path, "check_call")
+    check = "        self.context.check_call(self)\n"
+    for name in ("WrappedUserMethodVariable", "WrappedUserFunctionVariable", "WrappedNestedUserFunctionVariable"):
+        header = f"\nclass {name}("
+        if text.count(header) != 1:
+            raise ExportError(f"{path}: expected one class {name}, found {text.count(header)}")
+        body = text.index(header)
+        call = text.find("    ) -> VariableTracker:\n", text.find("    def call_function(\n", body))
+        if call < 0 or text.find("\nclass ", body + 1) < call:
+            raise ExportError(f"{path}: no call_function in class {name}")
+        at = call + len("    ) -> VariableTracker:\n")
+        text = text[:at] + check + text[at:]
     return text
 
 
@@ -381,5 +387,6 @@ EDITS = {
     "torch/_dynamo/trace_rules.py": wire_trace_rules,
     "docs/source/notes/autograd.md": wire_notes_section,
     "torch/_dynamo/variables/ctx_manager.py": wire_ctx_manager,
+    "torch/_dynamo/variables/functions.py": wire_functions,
     "torch/_dynamo/graph_break_registry.json": wire_graph_break_registry,
 }

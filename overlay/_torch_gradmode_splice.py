@@ -46,6 +46,7 @@ UPSTREAM_SHA256 = {
     "torch/_dynamo/convert_frame.py": "ca21a952feec825550c3716a95879e9196719718f18cce6238ae6d32139023b9",
     "torch/_dynamo/trace_rules.py": "380d4eee07f0b7e8c2b2e108d36de99f629ddd7c412ed1797bf9f584e07d577c",
     "torch/_dynamo/variables/ctx_manager.py": "2100052a1fc4f64020b187e8cc4080a0e75cceccc78b34402e4ce011663c32fc",
+    "torch/_dynamo/variables/functions.py": "c17a1c4aa92ef31f4446314afb3375c073eecb77321097da0cc5c9e6d1dc3621",
     "torch/_dynamo/graph_break_registry.json": "04486a58e13279894d79d48ae15d7c54c1c33dcc9bd7b300c5922d76e97ed9ab",
     "torch/amp/autocast_mode.py": "54977895416574f0d0dee4b1152be1d805bfb71af882d2f2bbcfe8fa65d262bb",
     "torch/cpu/amp/autocast_mode.py": "5c2f0a69cd1729211116ba7c39cdd6d46efbfdc3aaad1b86ff33962a3b9af392",

@@ -9,8 +9,8 @@ DIR becomes a git repository holding, at their upstream paths:
 
 * from the installed torch 2.13.0 wheel (found with the overlay off): every
   file of the wheel the patch touches -- the modules it changes, Dynamo's trace rules, ``convert_frame.py``,
-  ``bytecode_transformation.py``, ``variables/ctx_manager.py`` and
-  ``graph_break_registry.json``,
+  ``bytecode_transformation.py``, ``variables/ctx_manager.py``,
+  ``variables/functions.py`` and ``graph_break_registry.json``,
   ``torch/version.py`` -- and ``torch/_C/__init__.pyi`` as
   ``torch/_C/__init__.pyi.in`` (the wheel's stub is generated from that file,
   whose text it carries verbatim around the lines the patch edits);
@@ -39,6 +39,7 @@ WHEEL_FILES = {
     "torch/_dynamo/bytecode_transformation.py": "_dynamo/bytecode_transformation.py",
     "torch/_dynamo/variables/ctx_manager.py": "_dynamo/variables/ctx_manager.py",
     "torch/_dynamo/graph_break_registry.json": "_dynamo/graph_break_registry.json",
+    "torch/_dynamo/variables/functions.py": "_dynamo/variables/functions.py",
     "torch/amp/autocast_mode.py": "amp/autocast_mode.py",
     "torch/cpu/amp/autocast_mode.py": "cpu/amp/autocast_mode.py",
     "torch/cuda/amp/autocast_mode.py": "cuda/amp/autocast_mode.py",

@@ -154,6 +154,31 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(got.requires_grad, expected.requires_grad)
         self.assertEqual(got, expected)
 
+    @parametrize("block", ["no_grad", "enable_grad", "inference_mode"])
+    @parametrize("decorator", list(DECORATORS))
+    def test_context_decorating_a_generator_function_in_a_with_block(
+        self, decorator, block
+    ):
+        # The break falls inside the block, which Dynamo exits and enters again.
+        def fn(x):
+            with DECORATORS[block]():
+
+                @DECORATORS[decorator]()
+                def scaled(x):
+                    yield x * 2
+
+                y = next(scaled(x))
+            return y, x * 3, torch.is_grad_enabled()
+
+        x = torch.ones(2, requires_grad=True)
+        expected = fn(x)
+        got = torch.compile(fn, backend="eager")(x)
+        self.assertTrue(torch.is_grad_enabled())
+        self.assertEqual(
+            [t.requires_grad for t in got[:2]], [t.requires_grad for t in expected[:2]]
+        )
+        self.assertEqual(got, expected)
+
 
 instantiate_parametrized_tests(SuspendableFrameTests)
 
