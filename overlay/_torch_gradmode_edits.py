@@ -308,10 +308,10 @@ def wire_ctx_manager(text, path, context):
     Dynamo models a call of a function a context decorates inside traced code
     as the call inside the context, which for such a function enters it only
     while the call makes the generator: the body's steps ran outside it.  The
-    break is at the call, not the decoration: the wrapped function is rebuilt
-    there as ``ctx(fn)``, which leaves the grad mode as it found it, where an
-    unwrapped ``torch.set_grad_enabled(mode)`` object rebuilt at a break keeps
-    the mode its making set (wire_functions calls it).
+    break is at the call (wire_functions), not at the decoration: there the
+    wrapped function is rebuilt as ``ctx(fn)``, which leaves the grad mode as
+    it found it; a bare ``torch.set_grad_enabled(mode)`` object rebuilt at a
+    break saves the mode the graph had already set, and leaks it.
     """
     _already(text, path, "is_suspendable")
     anchor = '            raise AssertionError("Unexpected arg type")\n'
