@@ -57,6 +57,20 @@ DECORATORS = {
 }
 
 
+def thread_state():
+    # The thread's autograd flags and its CPU autocast state.
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch._C._is_fwd_grad_enabled(),
+        torch._C._is_multithreading_enabled(),
+        torch._C._is_view_replay_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_cache_enabled(),
+    )
+
+
 class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
     def test_is_suspendable(self):
         from torch._dynamo.bytecode_transformation import is_suspendable
@@ -137,20 +151,12 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
 
             return next(scaled(x))
 
-        def state():
-            return (
-                torch.is_grad_enabled(),
-                torch.is_inference_mode_enabled(),
-                torch.is_autocast_enabled("cpu"),
-                torch.get_autocast_dtype("cpu"),
-            )
-
         x = torch.ones(2, requires_grad=True)
         with torch.set_grad_enabled(caller_grad):
-            before = state()
+            before = thread_state()
             expected = fn(x)
             got = torch.compile(fn, backend="eager")(x)
-            self.assertEqual(state(), before)
+            self.assertEqual(thread_state(), before)
         self.assertEqual(got.requires_grad, expected.requires_grad)
         self.assertEqual(got, expected)
 
@@ -171,9 +177,10 @@ class SuspendableFrameTests(torch._dynamo.test_case.TestCase):
             return y, x * 3, torch.is_grad_enabled()
 
         x = torch.ones(2, requires_grad=True)
+        before = thread_state()
         expected = fn(x)
         got = torch.compile(fn, backend="eager")(x)
-        self.assertTrue(torch.is_grad_enabled())
+        self.assertEqual(thread_state(), before)
         self.assertEqual(
             [t.requires_grad for t in got[:2]], [t.requires_grad for t in expected[:2]]
         )
